@@ -1,0 +1,290 @@
+//! Command line: yurthub's flags with yurthub's defaults, so an operator can swap the binary in.
+//!
+//! [`Cli::parse_args`] only parses; [`HubFlags::validate`] turns the flags into a
+//! [`ValidatedHub`] or one clear error line, which `main` prints before exiting with code 2.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use outpost_core::request_info::parse_go_duration;
+use outpost_proxy::{LbMode, Server};
+
+/// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.
+#[derive(Debug, Parser)]
+#[command(name = "outpost", version, about, long_about = None)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// With no subcommand, run the hub with these flags.
+    #[command(flatten)]
+    pub hub: HubFlags,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start a bundled fake apiserver and the hub on loopback, and show a client working through it.
+    Demo,
+}
+
+/// yurthub's `--working-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkingMode {
+    Edge,
+    Cloud,
+}
+
+/// yurthub's `--bootstrap-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BootstrapMode {
+    /// Join token + CSR (not implemented yet: refused with a clear message).
+    Token,
+    /// Borrow kubelet's client certificate and the cluster CA.
+    Kubeletcertificate,
+}
+
+/// yurthub's `--lb-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LbModeFlag {
+    Rr,
+    Priority,
+}
+
+/// The hub's flags. Names and defaults follow yurthub (`cmd/yurthub/app/options/options.go`).
+#[derive(Debug, Clone, Args)]
+pub struct HubFlags {
+    /// Apiserver addresses, comma separated. A missing scheme means https; other schemes are refused.
+    #[arg(long, value_name = "ADDRS")]
+    pub server_addr: Option<String>,
+    /// The name of this node.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The node pool this node belongs to.
+    #[arg(long)]
+    pub nodepool_name: Option<String>,
+    /// edge: cache for autonomy; cloud: proxy and filters only.
+    #[arg(long, value_enum, default_value = "edge")]
+    pub working_mode: WorkingMode,
+    /// Address of the plain-HTTP proxy that kubelet and other components talk to.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind_proxy_address: IpAddr,
+    #[arg(long, default_value_t = 10261)]
+    pub proxy_port: u16,
+    /// Address of the admin server (/v1/healthz, /v1/readyz, /metrics).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind_address: IpAddr,
+    #[arg(long, default_value_t = 10267)]
+    pub serve_port: u16,
+    /// HTTPS proxy port for in-cluster clients (accepted; the HTTPS listener is not served yet).
+    #[arg(long, default_value_t = 10268)]
+    pub proxy_secure_port: u16,
+    /// The hub's working directory.
+    #[arg(long, default_value = "/var/lib/yurthub")]
+    pub root_dir: PathBuf,
+    /// Where the edge cache lives (created at start in edge mode).
+    #[arg(long, default_value = "/etc/kubernetes/cache/")]
+    pub disk_cache_path: PathBuf,
+    /// How the hub gets its client certificate.
+    #[arg(long, value_enum, default_value = "token")]
+    pub bootstrap_mode: BootstrapMode,
+    /// kubeletcertificate mode: kubelet's client certificate and key, in one PEM file.
+    #[arg(long, default_value = "/var/lib/kubelet/pki/kubelet-client-current.pem")]
+    pub kubelet_client_certificate: PathBuf,
+    /// kubeletcertificate mode: the cluster CA that signs the apiserver's certificate.
+    #[arg(long, default_value = "/etc/kubernetes/pki/ca.crt")]
+    pub kubelet_ca_file: PathBuf,
+    /// Seconds between health probes / lease renewals.
+    #[arg(long, default_value_t = 10)]
+    pub heartbeat_interval_seconds: u64,
+    /// Consecutive successful probes that make a server healthy again.
+    #[arg(long, default_value_t = 2)]
+    pub heartbeat_healthy_threshold: u32,
+    /// Lease-update attempts per probe.
+    #[arg(long, default_value_t = 3)]
+    pub heartbeat_failed_retry: u32,
+    /// Timeout of each probe request, in seconds.
+    #[arg(long, default_value_t = 2)]
+    pub heartbeat_timeout_seconds: u64,
+    /// How long kubelet may stay silent before the hub stops renewing its lease (Go duration).
+    #[arg(long, default_value = "40s", value_parser = go_duration)]
+    pub kubelet_health_grace_period: Duration,
+    /// How requests are spread over several servers.
+    #[arg(long, value_enum, default_value = "rr")]
+    pub lb_mode: LbModeFlag,
+    /// Create the dummy interface for the hub's IP (accepted; the interface is not created yet).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_dummy_if: bool,
+    /// IP of the dummy interface (default 169.254.2.1).
+    #[arg(long, default_value = "169.254.2.1")]
+    pub dummy_if_ip: IpAddr,
+    /// Enable response filters (accepted; filters are not applied yet).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_resource_filter: bool,
+    /// Filters to disable, comma separated; `*` disables all.
+    #[arg(long, value_delimiter = ',')]
+    pub disabled_resource_filters: Vec<String>,
+    /// Namespace of the yurt-hub-cfg ConfigMap.
+    #[arg(long, default_value = "kube-system")]
+    pub namespace: String,
+    /// Log verbosity, klog style: 0-1 info, 2-3 debug (one line per request), 4+ trace.
+    #[arg(long = "v", default_value_t = 0)]
+    pub verbosity: u8,
+}
+
+/// The hub's settings after validation.
+#[derive(Debug, Clone)]
+pub struct ValidatedHub {
+    pub servers: Vec<Server>,
+    pub node_name: String,
+    pub nodepool_name: String,
+    pub working_mode: WorkingMode,
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub root_dir: PathBuf,
+    pub disk_cache_path: PathBuf,
+    pub client_pem: PathBuf,
+    pub ca_file: PathBuf,
+    pub lb_mode: LbMode,
+    pub heartbeat_timeout: Duration,
+}
+
+impl HubFlags {
+    /// Checks the flags in yurthub's order; the error is one line naming the problem.
+    pub fn validate(&self) -> Result<ValidatedHub, String> {
+        let node_name = required(&self.node_name, "--node-name")?;
+        let servers = parse_servers(&required(&self.server_addr, "--server-addr")?)?;
+        if self.bootstrap_mode == BootstrapMode::Token {
+            return Err("--bootstrap-mode=token is not supported yet; use \
+                        --bootstrap-mode=kubeletcertificate (with --kubelet-client-certificate \
+                        and --kubelet-ca-file)"
+                .into());
+        }
+        let nodepool_name = required(&self.nodepool_name, "--nodepool-name")?;
+        if self.heartbeat_timeout_seconds == 0 {
+            return Err("--heartbeat-timeout-seconds must be at least 1".into());
+        }
+        Ok(ValidatedHub {
+            servers,
+            node_name,
+            nodepool_name,
+            working_mode: self.working_mode,
+            proxy_addr: SocketAddr::new(self.bind_proxy_address, self.proxy_port),
+            admin_addr: SocketAddr::new(self.bind_address, self.serve_port),
+            root_dir: self.root_dir.clone(),
+            disk_cache_path: self.disk_cache_path.clone(),
+            client_pem: self.kubelet_client_certificate.clone(),
+            ca_file: self.kubelet_ca_file.clone(),
+            lb_mode: match self.lb_mode {
+                LbModeFlag::Rr => LbMode::RoundRobin,
+                LbModeFlag::Priority => LbMode::Priority,
+            },
+            heartbeat_timeout: Duration::from_secs(self.heartbeat_timeout_seconds),
+        })
+    }
+}
+
+fn required(value: &Option<String>, flag: &str) -> Result<String, String> {
+    match value.as_deref().map(str::trim) {
+        Some(v) if !v.is_empty() => Ok(v.to_owned()),
+        _ => Err(format!("{flag} is required")),
+    }
+}
+
+fn parse_servers(list: &str) -> Result<Vec<Server>, String> {
+    let servers = list
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| Server::parse(s).map_err(|e| format!("--server-addr: {e}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err("--server-addr is required".into());
+    }
+    Ok(servers)
+}
+
+fn go_duration(value: &str) -> Result<Duration, String> {
+    parse_go_duration(value).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("outpost").chain(args.iter().copied()))
+    }
+
+    const GOOD: &[&str] = &[
+        "--server-addr=10.0.0.1:6443,https://10.0.0.2:6443",
+        "--node-name=edge-1",
+        "--nodepool-name=pool-a",
+        "--bootstrap-mode=kubeletcertificate",
+    ];
+
+    #[test]
+    fn yurthub_defaults() {
+        let cli = parse(GOOD).unwrap();
+        let v = cli.hub.validate().unwrap();
+        assert_eq!(v.proxy_addr, "127.0.0.1:10261".parse().unwrap());
+        assert_eq!(v.admin_addr, "127.0.0.1:10267".parse().unwrap());
+        assert_eq!(v.servers.len(), 2);
+        assert_eq!(v.servers[0].label(), "https://10.0.0.1:6443");
+        assert_eq!(v.lb_mode, LbMode::RoundRobin);
+        assert_eq!(v.disk_cache_path, PathBuf::from("/etc/kubernetes/cache/"));
+        assert_eq!(cli.hub.kubelet_health_grace_period, Duration::from_secs(40));
+        assert!(cli.hub.enable_dummy_if);
+        assert_eq!(cli.hub.namespace, "kube-system");
+        assert_eq!(cli.hub.heartbeat_interval_seconds, 10);
+    }
+
+    #[test]
+    fn go_style_bools_and_lists() {
+        let mut args = GOOD.to_vec();
+        args.extend([
+            "--enable-dummy-if=false",
+            "--disabled-resource-filters=servicetopology,masterservice",
+            "--lb-mode=priority",
+            "--v=4",
+        ]);
+        let cli = parse(&args).unwrap();
+        assert!(!cli.hub.enable_dummy_if);
+        assert_eq!(cli.hub.disabled_resource_filters.len(), 2);
+        assert_eq!(cli.hub.validate().unwrap().lb_mode, LbMode::Priority);
+        assert_eq!(cli.hub.verbosity, 4);
+    }
+
+    #[test]
+    fn validation_errors_name_the_flag() {
+        let no_node = parse(&["--server-addr=a:1", "--bootstrap-mode=kubeletcertificate"]).unwrap();
+        assert_eq!(no_node.hub.validate().unwrap_err(), "--node-name is required");
+        let http = parse(&[
+            "--server-addr=http://a:1",
+            "--node-name=n",
+            "--nodepool-name=p",
+            "--bootstrap-mode=kubeletcertificate",
+        ])
+        .unwrap();
+        assert!(http.hub.validate().unwrap_err().contains("must use https"));
+        let token = parse(&["--server-addr=a:1", "--node-name=n", "--nodepool-name=p"]).unwrap();
+        assert!(token.hub.validate().unwrap_err().contains("token is not supported yet"));
+        let no_pool = parse(&[
+            "--server-addr=a:1",
+            "--node-name=n",
+            "--bootstrap-mode=kubeletcertificate",
+        ])
+        .unwrap();
+        assert_eq!(no_pool.hub.validate().unwrap_err(), "--nodepool-name is required");
+    }
+
+    #[test]
+    fn clap_rejects_unknown_values() {
+        assert!(parse(&["--working-mode=local"]).is_err());
+        assert!(parse(&["--lb-mode=consistent-hashing"]).is_err());
+        assert!(parse(&["--kubelet-health-grace-period=forty"]).is_err());
+        assert!(parse(&["--no-such-flag"]).is_err());
+    }
+}

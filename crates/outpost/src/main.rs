@@ -1,0 +1,28 @@
+//! The `outpost` binary: parse flags, assemble the components, run. Everything of substance lives
+//! in the library crates (`outpost-proxy` first); this file only dispatches.
+//!
+//! Exit codes: 0 on a clean stop, 2 for configuration and start-up errors (one line on stderr
+//! naming the problem), 1 for failures at run time.
+
+mod cli;
+mod demo;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors exit 2.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cli.command {
+        Some(cli::Command::Demo) => demo::main(),
+        None => run::hub(&cli.hub),
+    }
+}

@@ -1,0 +1,118 @@
+//! `outpost` with no subcommand: validate flags, prepare directories and certificates, start the
+//! hub, and run until SIGTERM or SIGINT.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use outpost_certs::UpstreamTls;
+use outpost_proxy::{Hub, HubConfig, UpstreamConfig};
+use tracing::{error, info, warn};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{HubFlags, ValidatedHub, WorkingMode};
+
+/// Start-up failures: configuration the hub cannot run with. Printed as one line, exit code 2.
+struct StartupError(String);
+
+pub fn hub(flags: &HubFlags) -> ExitCode {
+    init_tracing(flags.verbosity);
+    match prepare(flags) {
+        Ok((config, validated)) => serve(config, &validated),
+        Err(StartupError(message)) => {
+            eprintln!("outpost: error: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> {
+    let v = flags.validate().map_err(StartupError)?;
+    create_dir(&v.root_dir, "--root-dir")?;
+    if v.working_mode == WorkingMode::Edge {
+        create_dir(&v.disk_cache_path, "--disk-cache-path")?;
+    }
+    let tls = UpstreamTls::load(&v.client_pem, &v.ca_file)
+        .map_err(|e| StartupError(e.to_string()))?;
+    if tls.identity.is_expired_at(SystemTime::now()) {
+        warn!(path = %v.client_pem.display(), "client certificate has expired; readyz will fail");
+    }
+    info!(
+        node = %v.node_name,
+        pool = %v.nodepool_name,
+        mode = ?v.working_mode,
+        identity = %tls.identity.user,
+        "starting outpost"
+    );
+    let config = HubConfig {
+        proxy_addr: v.proxy_addr,
+        admin_addr: v.admin_addr,
+        upstream: UpstreamConfig {
+            servers: v.servers.clone(),
+            lb_mode: v.lb_mode,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            tls,
+        },
+    };
+    Ok((config, v))
+}
+
+fn create_dir(path: &Path, flag: &str) -> Result<(), StartupError> {
+    std::fs::create_dir_all(path).map_err(|e| {
+        StartupError(format!("{flag}: cannot create {}: {e}", path.display()))
+    })
+}
+
+fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outpost: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let hub = match Hub::start(config).await {
+            Ok(hub) => hub,
+            Err(e) => {
+                eprintln!("outpost: error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        info!(node = %v.node_name, proxy = %hub.proxy_addr(), admin = %hub.admin_addr(), "ready to serve");
+        match wait_for_signal().await {
+            Ok(signal) => info!(signal, "shutting down"),
+            Err(e) => error!(error = %e, "cannot listen for signals; shutting down"),
+        }
+        hub.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() -> std::io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// klog-style `--v` mapped onto tracing levels; `RUST_LOG` overrides it when set.
+pub fn init_tracing(verbosity: u8) {
+    let level = match verbosity {
+        0 | 1 => "info",
+        2 | 3 => "debug",
+        _ => "trace",
+    };
+    let default = format!("warn,outpost={level},outpost_proxy={level},outpost_certs={level}");
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .compact()
+        .try_init();
+}

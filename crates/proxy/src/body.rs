@@ -1,0 +1,22 @@
+//! The one body type the proxy hands to hyper, and helpers to build it.
+//!
+//! Upstream bodies stream through untouched (a watch reaches the client event by event); locally
+//! generated bodies (Status errors, admin pages) are small and complete.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A streaming body of either origin.
+pub type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// A complete body from bytes we produced ourselves.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+/// An upstream (or client) body, streamed frame by frame.
+pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
+    body.map_err(BoxError::from).boxed()
+}

@@ -1,0 +1,109 @@
+//! Header hygiene between the two hops: hop-by-hop headers never cross the proxy, except the
+//! `Connection: Upgrade` / `Upgrade` pair of a protocol switch (exec, attach, port-forward).
+
+use http::HeaderMap;
+use http::header::{self, HeaderName, HeaderValue};
+
+/// RFC 9110 §7.6.1 connection-specific fields, plus the legacy ones proxies still see.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// Whether the request asks to switch protocols (SPDY or websocket).
+pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && connection_tokens(headers).any(|t| t.eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers (and those named in `Connection`); keeps the upgrade pair if asked.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = connection_tokens(headers)
+        .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+}
+
+/// `Authorization: Bearer <token>` (scheme case-insensitive), the rule yurthub uses to pick the
+/// transport without the node's client certificate.
+pub fn has_bearer_token(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("x-private", "1"),
+            ("transfer-encoding", "chunked"),
+            ("accept", "application/json"),
+            ("upgrade", "websocket"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn keeps_the_upgrade_pair_for_tunnels() {
+        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "SPDY/3.1"), ("te", "trailers")]);
+        assert!(is_upgrade_request(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h.get("upgrade").unwrap(), "SPDY/3.1");
+        assert_eq!(h.get("connection").unwrap(), "Upgrade");
+        assert!(!h.contains_key("te"));
+    }
+
+    #[test]
+    fn bearer_detection() {
+        assert!(has_bearer_token(&map(&[("authorization", "Bearer abc")])));
+        assert!(has_bearer_token(&map(&[("authorization", "bearer abc")])));
+        assert!(!has_bearer_token(&map(&[("authorization", "Basic abc")])));
+        assert!(!has_bearer_token(&map(&[("authorization", "Bearer ")])));
+        assert!(!has_bearer_token(&HeaderMap::new()));
+    }
+}

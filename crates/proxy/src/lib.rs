@@ -1,0 +1,136 @@
+//! Outpost's listeners and request pipeline.
+//!
+//! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route → remote →
+//! respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
+//! listeners; the `outpost` binary, the tests and the demo all run the hub through it.
+//!
+//! - [`pipeline`]: the four stages of one request.
+//! - [`route`]: the pure routing decision.
+//! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
+//! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
+//! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
+//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`.
+//! - [`server`]: HTTP/1.1 accept loops with graceful shutdown.
+
+pub mod admin;
+pub mod body;
+pub mod error;
+pub mod headers;
+pub mod metrics;
+pub mod pipeline;
+pub mod route;
+pub mod server;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+pub use error::ProxyError;
+pub use metrics::Metrics;
+pub use upstream::{LbMode, Server, UpstreamConfig};
+
+/// Everything the hub needs to start.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// `--bind-proxy-address:--proxy-port` (127.0.0.1:10261); port 0 picks a free one.
+    pub proxy_addr: SocketAddr,
+    /// `--bind-address:--serve-port` (127.0.0.1:10267); port 0 picks a free one.
+    pub admin_addr: SocketAddr,
+    pub upstream: UpstreamConfig,
+}
+
+/// Why the hub could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        addr: SocketAddr,
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+/// A running hub: both listeners bound, serving until [`Hub::shutdown`].
+pub struct Hub {
+    proxy_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Hub {
+    /// Binds the proxy and admin listeners and starts serving on them.
+    pub async fn start(config: HubConfig) -> Result<Hub, StartError> {
+        let proxy_listener = bind(config.proxy_addr, "proxy").await?;
+        let admin_listener = bind(config.admin_addr, "admin").await?;
+        let proxy_addr = local_addr(&proxy_listener, config.proxy_addr);
+        let admin_addr = local_addr(&admin_listener, config.admin_addr);
+
+        let metrics = Metrics::new();
+        let identity = config.upstream.tls.identity.clone();
+        metrics
+            .client_cert_expiry
+            .with_label_values(&[identity.user.as_str()])
+            .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
+        let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
+        let pipeline = Arc::new(pipeline::Pipeline {
+            upstream: upstream::Upstream::new(config.upstream),
+            metrics: metrics.clone(),
+        });
+        let admin = Arc::new(admin::Admin {
+            readiness: admin::Readiness { identity },
+            metrics,
+        });
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let proxy_task = tokio::spawn(server::serve(
+            proxy_listener,
+            move |req| pipeline.clone().handle(req),
+            shutdown_rx.clone(),
+        ));
+        let admin_task = tokio::spawn(server::serve(
+            admin_listener,
+            move |req| admin.clone().handle(req),
+            shutdown_rx,
+        ));
+        info!(%proxy_addr, %admin_addr, upstream = ?servers, "hub serving");
+        Ok(Hub {
+            proxy_addr,
+            admin_addr,
+            shutdown,
+            tasks: vec![proxy_task, admin_task],
+        })
+    }
+
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addr
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// Stops accepting, lets open connections finish within the grace period, and returns.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        info!("hub stopped");
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, what, source })
+}
+
+fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
+    listener.local_addr().unwrap_or(fallback)
+}

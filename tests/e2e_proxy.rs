@@ -1,0 +1,458 @@
+//! The online proxy end to end: the real `outpost` binary between real clients (kubectl, kube-rs,
+//! raw HTTP/1.1) and the TLS fake apiserver, which authenticates the hub by its node client
+//! certificate and enforces the 1.32 node authorizer.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+use support::{
+    ADMIN_TOKEN, Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig, kubectl,
+    raw_http,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
+
+fn pod(name: &str, node: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "e2e"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    })
+}
+
+fn kube_client(hub: &HubProcess) -> kube::Client {
+    let mut config = kube::Config::new(hub.proxy_url().parse().expect("hub url"));
+    // kube-rs sends no User-Agent by default; the hub keys its component on it.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(KUBELET_UA),
+    ));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_rs_as_kubelet_through_the_hub() {
+    let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("mine-1", NODE)).unwrap();
+    cluster.fake.create("v1/pods", pod("elsewhere", "edge-2")).unwrap();
+    let hub = cluster.start_hub();
+    let client = kube_client(&hub);
+
+    // LIST scoped to this node passes the node authorizer, and sees only this node's pods.
+    let pods: Api<Pod> = Api::all(client.clone());
+    let scoped = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+    let names: Vec<String> = pods
+        .list(&scoped)
+        .await
+        .expect("scoped list")
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(names, vec!["mine-1".to_owned()]);
+
+    // An unscoped list is refused upstream, and the apiserver's 403 Status reaches the client.
+    let err = pods.list(&ListParams::default()).await.unwrap_err();
+    match err {
+        kube::Error::Api(status) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("expected a 403 Status, got {other:?}"),
+    }
+
+    // WATCH: initial ADDED, then a live event arrives through the open stream.
+    let wp = WatchParams::default()
+        .fields(&format!("spec.nodeName={NODE}"))
+        .timeout(20);
+    let mut stream = pods.watch(&wp, "0").await.expect("watch").boxed();
+    let first = next_event(&mut stream).await;
+    assert!(matches!(first, WatchEvent::Added(ref p) if p.metadata.name.as_deref() == Some("mine-1")));
+    cluster.fake.create("v1/pods", pod("mine-2", NODE)).unwrap();
+    let live = next_event(&mut stream).await;
+    assert!(
+        matches!(live, WatchEvent::Added(ref p) if p.metadata.name.as_deref() == Some("mine-2")),
+        "{live:?}"
+    );
+
+    // Node status PATCH and lease update, as kubelet does.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "message": "kubelet is posting ready status"}]}});
+    let patched = nodes
+        .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("node status patch");
+    assert!(patched.status.unwrap().conditions.unwrap().iter().any(|c| c.type_ == "Ready"));
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let mut lease = leases.get(NODE).await.expect("lease get");
+    lease.spec.get_or_insert_with(Default::default).holder_identity = Some(NODE.into());
+    let updated = leases
+        .replace(NODE, &PostParams::default(), &lease)
+        .await
+        .expect("lease update");
+    assert_ne!(
+        updated.metadata.resource_version,
+        lease.metadata.resource_version
+    );
+
+    // Upstream saw the node's certificate identity and kubelet's User-Agent on every request.
+    let log = cluster.fake.requests();
+    let api_calls: Vec<_> = log.iter().filter(|r| r.path.starts_with("/api")).collect();
+    assert!(api_calls.len() >= 6, "{log:?}");
+    for r in api_calls {
+        assert_eq!(r.user, format!("system:node:{NODE}"), "{r:?}");
+        assert_eq!(r.user_agent.as_deref(), Some(KUBELET_UA), "{r:?}");
+    }
+}
+
+async fn next_event(
+    stream: &mut (impl futures_util::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin),
+) -> WatchEvent<Pod> {
+    tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .expect("event within 10s")
+        .expect("stream ok")
+        .expect("stream open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_as_the_node_through_the_hub() {
+    let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("kubectl-pod", NODE)).unwrap();
+    let hub = cluster.start_hub();
+    let kc = hub_kubeconfig(cluster.dir.path(), &hub);
+
+    let out = assert_ok(
+        &kubectl(&kc, &["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}"), "-o", "name"]),
+        "scoped pod list",
+    );
+    assert_eq!(out.trim(), "pod/kubectl-pod");
+
+    let denied = kubectl(&kc, &["get", "pods", "-A"]);
+    assert!(!denied.status.success());
+    let stderr = String::from_utf8_lossy(&denied.stderr);
+    assert!(stderr.contains("forbidden") || stderr.contains("Forbidden"), "{stderr}");
+
+    let lease = assert_ok(
+        &kubectl(&kc, &["get", "lease", "-n", "kube-node-lease", NODE, "-o", "json"]),
+        "lease get",
+    );
+    let lease: serde_json::Value = serde_json::from_str(&lease).unwrap();
+    assert_eq!(lease["metadata"]["name"], NODE);
+
+    assert_ok(
+        &kubectl(&kc, &["patch", "node", NODE, "--subresource=status", "--type=merge", "-p",
+            r#"{"status":{"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"ok"}]}}"#]),
+        "node status patch",
+    );
+    let node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+    assert_eq!(node["status"]["conditions"][0]["reason"], "KubeletReady");
+
+    // Lease delete and re-create with the node's own identity.
+    assert_ok(&kubectl(&kc, &["delete", "lease", "-n", "kube-node-lease", NODE]), "lease delete");
+    assert!(cluster.fake.get("coordination.k8s.io/v1/leases", Some("kube-node-lease"), NODE).is_none());
+    let manifest = cluster.dir.path().join("lease.json");
+    std::fs::write(
+        &manifest,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": NODE, "namespace": "kube-node-lease"},
+               "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40}})
+        .to_string(),
+    )
+    .unwrap();
+    assert_ok(
+        &kubectl(&kc, &["create", "--validate=false", "-f", manifest.to_str().unwrap()]),
+        "lease create",
+    );
+    assert!(cluster.fake.get("coordination.k8s.io/v1/leases", Some("kube-node-lease"), NODE).is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_with_a_bearer_token_keeps_its_own_identity() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let kc = hub_kubeconfig(cluster.dir.path(), &hub);
+    let token = format!("--token={ADMIN_TOKEN}");
+    cluster.fake.clear_requests();
+
+    assert_ok(
+        &kubectl(&kc, &[&token, "create", "configmap", "demo", "-n", "default", "--from-literal=a=b"]),
+        "create configmap",
+    );
+    assert_ok(
+        &kubectl(&kc, &[&token, "patch", "configmap", "demo", "-n", "default", "--type=merge", "-p", r#"{"data":{"a":"c"}}"#]),
+        "patch configmap",
+    );
+    let value = assert_ok(
+        &kubectl(&kc, &[&token, "get", "configmap", "demo", "-n", "default", "-o", "jsonpath={.data.a}"]),
+        "get configmap",
+    );
+    assert_eq!(value, "c");
+    assert_ok(&kubectl(&kc, &[&token, "delete", "configmap", "demo", "-n", "default"]), "delete");
+    assert!(cluster.fake.get("v1/configmaps", Some("default"), "demo").is_none());
+
+    let writes: Vec<_> = cluster
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.contains("/configmaps"))
+        .collect();
+    assert!(writes.len() >= 4, "{writes:?}");
+    for r in writes {
+        assert_eq!(r.user, "admin", "bearer requests must not carry the node certificate: {r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_watch_sees_events_as_they_happen() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let kc = hub_kubeconfig(cluster.dir.path(), &hub);
+    let mut child = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kc.display()))
+        .arg(format!("--cache-dir={}", cluster.dir.path().join("kc-watch").display()))
+        .args(["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}"), "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kubectl watch");
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    // Let the initial list+watch settle, then change the world upstream.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.fake.create("v1/pods", pod("watched", NODE)).unwrap();
+    let seen = eventually(Duration::from_secs(15), || {
+        lines.lock().unwrap().iter().any(|l| l.trim() == "pod/watched")
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "kubectl -w output: {:?}", lines.lock().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failures_become_status_bodies() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let node_path = format!("/api/v1/nodes/{NODE}");
+
+    let ok = get(hub.proxy, &node_path, KUBELET_UA).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.json()["metadata"]["name"], NODE);
+
+    cluster.fake.refuse_connections();
+    let down = get(hub.proxy, &node_path, KUBELET_UA).await;
+    assert_status(&down, 503, "ServiceUnavailable");
+    cluster.fake.restore().await;
+    let back = get(hub.proxy, &node_path, KUBELET_UA).await;
+    assert_eq!(back.status, 200, "{:?}", String::from_utf8_lossy(&back.body));
+
+    cluster.fake.blackhole();
+    let slow = get(hub.proxy, &format!("{node_path}?timeout=1s"), KUBELET_UA).await;
+    assert_status(&slow, 504, "Timeout");
+    cluster.fake.restore().await;
+
+    // An upstream Status (here a 500) is relayed as the apiserver sent it.
+    cluster.fake.fail_requests(Some(500));
+    let failed = get(hub.proxy, &node_path, KUBELET_UA).await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(failed.json()["kind"], "Status");
+    cluster.fake.restore().await;
+
+    let metrics = get(hub.admin, "/metrics", "test").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(text.contains("outpost_upstream_errors_total"), "{text}");
+    assert!(text.contains(r#"kind="unreachable""#), "{text}");
+    assert!(text.contains(r#"kind="timeout""#), "{text}");
+}
+
+fn assert_status(resp: &support::RawResponse, code: u16, reason: &str) {
+    assert_eq!(resp.status, code, "{:?}", String::from_utf8_lossy(&resp.body));
+    assert_eq!(resp.header("content-type"), Some("application/json"));
+    let body = resp.json();
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["apiVersion"], "v1");
+    assert_eq!(body["status"], "Failure");
+    assert_eq!(body["code"], code);
+    assert_eq!(body["reason"], reason, "{body}");
+    assert!(!body["message"].as_str().unwrap_or_default().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_400_and_never_reach_upstream() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    cluster.fake.clear_requests();
+    for path in [
+        "/api/v1/pods?labelSelector=a%3D%3D%3Db",
+        "/api/v1/pods?watch=perhaps",
+        "/api/v1/pods?limit=-5",
+        "/api/v1/pods?fieldSelector=%zz",
+    ] {
+        let resp = get(hub.proxy, path, KUBELET_UA).await;
+        assert_status(&resp, 400, "BadRequest");
+    }
+    assert!(cluster.fake.requests().is_empty(), "{:?}", cluster.fake.requests());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_watch_streams_end_instead_of_hanging() {
+    let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("p", NODE)).unwrap();
+    let hub = cluster.start_hub();
+    let path = format!(
+        "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE}&timeoutSeconds=60"
+    );
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nConnection: close\r\n\r\n"
+    );
+    let mut stream = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut first = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut first))
+        .await
+        .expect("headers and first event")
+        .unwrap();
+    let head = String::from_utf8_lossy(&first[..n]);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    cluster.fake.cut_watches();
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "the client stream must end when upstream cuts it");
+    // A cut stream must not look like a clean end: no terminating zero-length chunk.
+    let tail = String::from_utf8_lossy(&rest);
+    assert!(!tail.ends_with("0\r\n\r\n"), "cut stream ended cleanly: {tail:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let _ = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), KUBELET_UA).await;
+
+    let health = get(hub.admin, "/v1/healthz", "probe").await;
+    assert_eq!((health.status, health.body.as_slice()), (200, b"OK".as_slice()));
+    let ready = get(hub.admin, "/v1/readyz", "probe").await;
+    assert_eq!(ready.status, 200);
+    assert!(String::from_utf8_lossy(&ready.body).contains("[+]certificate ok"));
+    let verbose = get(hub.admin, "/v1/readyz?verbose", "probe").await;
+    assert!(String::from_utf8_lossy(&verbose.body).contains("system:node:edge-1"));
+
+    let metrics = get(hub.admin, "/metrics", "probe").await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains(r#"outpost_requests_total{code="200",component="kubelet",resource="nodes",verb="get"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("outpost_proxied_response_bytes_total{component=\"kubelet\"}"));
+    assert!(text.contains("outpost_in_flight_requests"));
+    assert!(text.contains("outpost_request_duration_seconds_bucket"));
+}
+
+/// exec/attach/port-forward: the hub forwards the upgrade and splices both directions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_requests_are_tunnelled_both_ways() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let req = "POST /api/v1/namespaces/default/pods/p/exec?command=cat&stdin=true&stdout=true HTTP/1.1\r\n\
+               Host: x\r\nUser-Agent: kubectl/v1.32.4\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+               X-Stream-Protocol-Version: v4.channel.k8s.io\r\nContent-Length: 0\r\n\r\n";
+    let mut stream = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("upgrade: spdy/3.1"), "{head}");
+    for msg in [&b"ping"[..], &b"second frame"[..]] {
+        stream.write_all(msg).await.unwrap();
+        let mut echoed = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed))
+            .await
+            .expect("echo within 5s")
+            .unwrap();
+        assert_eq!(echoed, msg);
+    }
+    let r = cluster
+        .fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/exec"))
+        .expect("exec reached upstream");
+    assert_eq!(r.user, format!("system:node:{NODE}"));
+}
+
+async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
+            .await
+            .expect("head within 10s")
+            .unwrap();
+        assert_eq!(n, 1, "connection closed before the response head");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// An upstream that completes TLS and then answers with bytes that are not HTTP → 502 Status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_upstream_is_a_502() {
+    let cluster = Cluster::start().await;
+    let garbage = garbage_tls_server(&cluster).await;
+    let mut args = cluster.hub_args();
+    args.retain(|a| !a.starts_with("--server-addr="));
+    args.push(format!("--server-addr=https://{garbage}"));
+    let hub = HubProcess::spawn(&args);
+    let resp = raw_http(
+        hub.proxy,
+        format!("GET /api/v1/nodes/{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_status(&resp, 502, "InternalError");
+}
+
+async fn garbage_tls_server(cluster: &Cluster) -> std::net::SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let pki = cluster.fake.pki();
+    let certs = CertificateDer::pem_slice_iter(pki.server.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(pki.server.key_pem.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(mut tls) = acceptor.accept(tcp).await {
+                    let mut buf = [0u8; 1024];
+                    let _ = tls.read(&mut buf).await;
+                    let _ = tls.write_all(b"SSH-2.0-definitely-not-http\r\n\r\n").await;
+                    let _ = tls.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
+}

@@ -1,0 +1,311 @@
+//! Shared helpers of the end-to-end tests: a fake cluster, the real `outpost` binary as a child
+//! process, kubeconfigs and kubectl, and a raw HTTP/1.1 client for byte-level checks.
+//!
+//! Every process a test starts is owned by a guard that kills it on drop.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub const NODE: &str = "edge-1";
+pub const ADMIN_TOKEN: &str = "admin-token-for-tests";
+
+/// The binary under test, built by cargo for this test target.
+pub fn outpost_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_outpost")
+}
+
+/// A fake apiserver plus the node's certificate files in a temporary directory.
+pub struct Cluster {
+    pub fake: FakeApiServer,
+    pub dir: tempfile::TempDir,
+    pub node_files: NodeCertFiles,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        Cluster::start_with(FakeConfig::default()).await
+    }
+
+    pub async fn start_with(config: FakeConfig) -> Cluster {
+        let fake = FakeApiServer::start(config).await.expect("fake apiserver starts");
+        fake.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let node_files = fake
+            .pki()
+            .write_node_files(&dir.path().join("pki"), NODE)
+            .expect("node cert files");
+        Cluster {
+            fake,
+            dir,
+            node_files,
+        }
+    }
+
+    /// The flags of the issue's reference command line, with ports picked by the OS.
+    pub fn hub_args(&self) -> Vec<String> {
+        let d = self.dir.path();
+        vec![
+            format!("--server-addr={}", self.fake.url()),
+            format!("--node-name={NODE}"),
+            "--nodepool-name=pool-a".into(),
+            "--bootstrap-mode=kubeletcertificate".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                self.node_files.client_pem.display()
+            ),
+            format!("--kubelet-ca-file={}", self.node_files.ca_crt.display()),
+            "--proxy-port=0".into(),
+            "--serve-port=0".into(),
+            format!("--root-dir={}", d.join("root").display()),
+            format!("--disk-cache-path={}", d.join("cache").display()),
+            "--enable-dummy-if=false".into(),
+            "--v=2".into(),
+        ]
+    }
+
+    /// Starts the real binary against this cluster and waits until it serves.
+    pub fn start_hub(&self) -> HubProcess {
+        HubProcess::spawn(&self.hub_args())
+    }
+}
+
+/// The `outpost` binary running as a child process; killed on drop.
+pub struct HubProcess {
+    child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    /// Everything the hub wrote to stderr so far (one log line per entry).
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl HubProcess {
+    pub fn spawn(args: &[String]) -> HubProcess {
+        let mut child = Command::new(outpost_bin())
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("outpost starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("ready to serve") {
+                    let _ = tx.send(line.clone());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let ready = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("hub did not start; log:\n{}", log.lock().unwrap().join("\n"));
+            }
+        };
+        HubProcess {
+            child,
+            proxy: field_addr(&ready, "proxy="),
+            admin: field_addr(&ready, "admin="),
+            log,
+        }
+    }
+
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy)
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// SIGTERM, then wait (bounded) for a clean exit; returns the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "hub did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for HubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field_addr(line: &str, key: &str) -> SocketAddr {
+    let start = line.find(key).unwrap_or_else(|| panic!("{key} in {line}")) + key.len();
+    let value: String = line[start..]
+        .chars()
+        .take_while(|c| !c.is_whitespace())
+        .collect();
+    value.parse().unwrap_or_else(|_| panic!("address in {line}"))
+}
+
+/// A kubeconfig for the hub: `http://` server and no credentials, like the node's kubelet.conf.
+pub fn hub_kubeconfig(dir: &Path, hub: &HubProcess) -> PathBuf {
+    let path = dir.join(format!("hub-{}.kubeconfig", hub.proxy.port()));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: {}\n\
+         contexts:\n- name: hub\n  context: {{cluster: hub, user: node, namespace: default}}\n\
+         users:\n- name: node\n  user: {{}}\ncurrent-context: hub\n",
+        hub.proxy_url()
+    );
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+/// Runs kubectl with `kubeconfig` and a private cache dir; bounded by `--request-timeout`.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+    let cache = kubeconfig.with_extension("cache");
+    Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--cache-dir={}", cache.display()))
+        .arg("--request-timeout=20s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("kubectl runs")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn assert_ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}",
+        String::from_utf8_lossy(&out.stderr),
+        stdout(out)
+    );
+    stdout(out)
+}
+
+/// A raw HTTP/1.1 exchange: exactly `request` bytes out, everything until EOF back.
+pub async fn raw_http(addr: SocketAddr, request: &[u8]) -> RawResponse {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), stream.read_to_end(&mut buf))
+        .await
+        .expect("response within 30s")
+        .expect("read");
+    RawResponse::parse(&buf)
+}
+
+/// `GET path` with `Connection: close`, through `addr`.
+pub async fn get(addr: SocketAddr, path: &str, user_agent: &str) -> RawResponse {
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {user_agent}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    );
+    raw_http(addr, req.as_bytes()).await
+}
+
+/// A parsed (de-chunked) HTTP/1.1 response.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn parse(buf: &[u8]) -> RawResponse {
+        let split = buf
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(buf)));
+        let head = String::from_utf8_lossy(&buf[..split]).into_owned();
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .expect("status line");
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let raw_body = &buf[split + 4..];
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+        let body = if chunked {
+            dechunk(raw_body)
+        } else {
+            raw_body.to_vec()
+        };
+        RawResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+}
+
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size_text = String::from_utf8_lossy(&raw[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("0").trim(), 16)
+            .unwrap_or(0);
+        raw = &raw[line_end + 2..];
+        if size == 0 || raw.len() < size {
+            break;
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[(size + 2).min(raw.len())..];
+    }
+    out
+}
+
+/// Polls `cond` every 50 ms until it holds or `timeout` passes.
+pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cond()
+}
