@@ -255,7 +255,10 @@ impl RequestInfo {
         }
         if matches!(self.verb, Verb::List | Verb::Watch)
             && self.name.is_empty()
-            && let Some(name) = self.query.field_selector.requires_exact_match("metadata.name")
+            && let Some(name) = self
+                .query
+                .field_selector
+                .requires_exact_match("metadata.name")
             && is_valid_path_segment_name(name)
         {
             self.name = name.to_owned();
@@ -419,8 +422,12 @@ mod tests {
     use super::*;
 
     fn classify(method: Method, url: &str) -> RequestInfo {
-        RequestInfo::classify(&method, url, Some("kubelet/v1.32.4 (linux/amd64) kubernetes/abc"))
-            .expect("classifies")
+        RequestInfo::classify(
+            &method,
+            url,
+            Some("kubelet/v1.32.4 (linux/amd64) kubernetes/abc"),
+        )
+        .expect("classifies")
     }
 
     #[test]
@@ -444,9 +451,18 @@ mod tests {
         let w = classify(Method::GET, "/api/v1/pods?watch=true&resourceVersion=10");
         assert_eq!(w.verb, Verb::Watch);
         assert_eq!(w.query.resource_version.as_deref(), Some("10"));
-        assert_eq!(classify(Method::GET, "/api/v1/watch/pods").verb, Verb::Watch);
-        assert_eq!(classify(Method::GET, "/api/v1/pods?watch=1").verb, Verb::Watch);
-        assert_eq!(classify(Method::GET, "/api/v1/pods?watch=false").verb, Verb::List);
+        assert_eq!(
+            classify(Method::GET, "/api/v1/watch/pods").verb,
+            Verb::Watch
+        );
+        assert_eq!(
+            classify(Method::GET, "/api/v1/pods?watch=1").verb,
+            Verb::Watch
+        );
+        assert_eq!(
+            classify(Method::GET, "/api/v1/pods?watch=false").verb,
+            Verb::List
+        );
     }
 
     #[test]
@@ -472,10 +488,18 @@ mod tests {
         assert_eq!(i.query.timeout, Some(std::time::Duration::from_secs(10)));
         let s = classify(Method::PATCH, "/api/v1/nodes/edge-1/status");
         assert_eq!(
-            (s.verb, s.resource.as_str(), s.subresource.as_str(), s.namespace.as_str()),
+            (
+                s.verb,
+                s.resource.as_str(),
+                s.subresource.as_str(),
+                s.namespace.as_str()
+            ),
             (Verb::Patch, "nodes", "status", "")
         );
-        let e = classify(Method::POST, "/api/v1/namespaces/default/pods/p1/exec?command=ls");
+        let e = classify(
+            Method::POST,
+            "/api/v1/namespaces/default/pods/p1/exec?command=ls",
+        );
         assert!(e.is_long_running());
     }
 
@@ -483,7 +507,10 @@ mod tests {
     fn namespaces_themselves() {
         // kube-apiserver sets the namespace of a namespace object to the object's own name.
         let i = classify(Method::GET, "/api/v1/namespaces/default");
-        assert_eq!((i.resource.as_str(), i.name.as_str()), ("namespaces", "default"));
+        assert_eq!(
+            (i.resource.as_str(), i.name.as_str()),
+            ("namespaces", "default")
+        );
         assert_eq!(i.namespace, "default");
         let s = classify(Method::PUT, "/api/v1/namespaces/default/finalize");
         assert_eq!(
@@ -495,13 +522,25 @@ mod tests {
 
     #[test]
     fn delete_collection() {
-        let i = classify(Method::DELETE, "/api/v1/namespaces/default/pods?labelSelector=app%3Dx");
+        let i = classify(
+            Method::DELETE,
+            "/api/v1/namespaces/default/pods?labelSelector=app%3Dx",
+        );
         assert_eq!(i.verb, Verb::DeleteCollection);
     }
 
     #[test]
     fn non_resource_paths() {
-        for p in ["/version", "/api", "/apis", "/api/v1", "/apis/apps", "/apis/apps/v1", "/healthz", "/"] {
+        for p in [
+            "/version",
+            "/api",
+            "/apis",
+            "/api/v1",
+            "/apis/apps",
+            "/apis/apps/v1",
+            "/healthz",
+            "/",
+        ] {
             let i = classify(Method::GET, p);
             assert!(!i.is_resource_request, "{p}");
             assert_eq!(i.verb, Verb::Get, "{p}");

@@ -249,7 +249,10 @@ mod tests {
     #[test]
     fn group_qualifies_resource() {
         let s = Status::conflict("coordination.k8s.io", "leases", "n1");
-        assert!(s.message.starts_with("Operation cannot be fulfilled on leases.coordination.k8s.io \"n1\""));
+        assert!(
+            s.message
+                .starts_with("Operation cannot be fulfilled on leases.coordination.k8s.io \"n1\"")
+        );
         assert_eq!(s.code, 409);
     }
 
@@ -263,7 +266,9 @@ mod tests {
 
     #[test]
     fn retry_after_goes_into_details() {
-        let v = Status::service_unavailable("x").with_retry_after(1).to_value();
+        let v = Status::service_unavailable("x")
+            .with_retry_after(1)
+            .to_value();
         assert_eq!(v["details"]["retryAfterSeconds"], 1);
     }
 }

@@ -149,7 +149,6 @@ pub struct ValidatedHub {
     pub client_pem: PathBuf,
     pub ca_file: PathBuf,
     pub lb_mode: LbMode,
-    pub heartbeat_timeout: Duration,
 }
 
 impl HubFlags {
@@ -182,7 +181,6 @@ impl HubFlags {
                 LbModeFlag::Rr => LbMode::RoundRobin,
                 LbModeFlag::Priority => LbMode::Priority,
             },
-            heartbeat_timeout: Duration::from_secs(self.heartbeat_timeout_seconds),
         })
     }
 }

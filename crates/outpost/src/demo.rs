@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use outpost_certs::UpstreamTls;
 use outpost_proxy::{Hub, HubConfig, LbMode, Server, UpstreamConfig};
@@ -21,7 +22,7 @@ const NODE: &str = "edge-1";
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/outpost-demo";
 
 pub fn main() -> ExitCode {
-    crate::run::init_tracing(0);
+    crate::run::init_tracing_with("warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -145,7 +146,9 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
         .await?;
     println!("    PATCH nodes/{NODE}/status: Ready=True");
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
-    let lease = leases.get(NODE).await?;
+    let mut lease = leases.get(NODE).await?;
+    lease.spec.get_or_insert_with(Default::default).renew_time =
+        Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
     let renewed = leases.replace(NODE, &PostParams::default(), &lease).await?;
     println!(
         "    PUT lease kube-node-lease/{NODE}: resourceVersion {} -> {}",

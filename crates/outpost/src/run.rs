@@ -107,11 +107,19 @@ pub fn init_tracing(verbosity: u8) {
         2 | 3 => "debug",
         _ => "trace",
     };
-    let default = format!("warn,outpost={level},outpost_proxy={level},outpost_certs={level}");
+    init_tracing_with(&format!(
+        "warn,outpost={level},outpost_proxy={level},outpost_certs={level}"
+    ));
+}
+
+/// Installs the log subscriber with `default` directives unless `RUST_LOG` says otherwise.
+pub fn init_tracing_with(default: &str) {
+    use std::io::IsTerminal;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .compact()
         .try_init();

@@ -1,10 +1,52 @@
 //! A fake kube-apiserver, faithful enough that Outpost's tests can trust it.
 //!
 //! No real kube-apiserver can run on the build machines, so every end-to-end test, bench and the
-//! demo talk to this one. Start at [`server::FakeApiServer::start`].
+//! demo talk to this one. Start at [`FakeApiServer::start`]; it serves HTTPS on an ephemeral
+//! loopback port, authenticates like kube-apiserver (client certs, bearer tokens, anonymous),
+//! authorizes nodes like the Node authorizer, and keeps an etcd-like store with a global
+//! resourceVersion, watch event log, paging and fault injection.
 //!
+//! Request path, outermost first:
+//! - [`server`]: listener, TLS, per-connection hyper tasks, fault switches, the public handle.
+//! - `router`: classification (`RequestInfo`), authn/authz/admission, dispatch, request log.
+//! - `authn`: client certificate and bearer token authentication.
+//! - `authz`: Node authorizer + NodeRestriction, anonymous and admin policies.
+//! - `discovery`: `/version`, `/api`, `/apis`, resource lists.
+//! - `handlers`: get / list (resourceVersion, paging) / create / update / patch / delete.
+//! - `watch`: watch streams (initial events, bookmarks, replay, 410, selector transitions).
+//!
+//! State and rules:
+//! - [`resources`]: the served resources and their per-type behaviour.
+//! - `registry`: create/update/delete strategies.
+//! - `store`: objects, global resourceVersion, event log, snapshots.
+//! - `query`: list options, validation, selectors, continue tokens.
+//! - `patch`: JSON, merge and strategic-merge(-like) patches.
+//! - `graph`: which objects a node reaches through its pods.
+//! - `seed`: the default cluster state (fixture pods plus an edge node).
 //! - [`pki`]: a throw-away CA, serving cert and identity-bearing client certs.
+//! - `kubeconfig`, `reply`, `state`, `util`: helpers.
 
+mod authn;
+mod authz;
+mod discovery;
+mod graph;
+mod handlers;
+mod kubeconfig;
+mod patch;
 pub mod pki;
+mod query;
+mod registry;
+mod reply;
+pub mod resources;
+mod router;
+mod seed;
+pub mod server;
+mod state;
+mod store;
+mod util;
+mod watch;
 
+pub use outpost_core::Status;
 pub use pki::{CertPair, NodeCertFiles, TestPki};
+pub use server::{FakeApiServer, FakeConfig, TestkitError};
+pub use state::RequestRecord;

@@ -1,0 +1,171 @@
+//! Building HTTP responses: JSON objects, plain text, and `Status` errors with the extras
+//! (`details.causes`, `metadata.continue`, `Retry-After`) some real apiserver errors carry.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use outpost_core::{Reason, Status};
+use serde_json::{Value, json};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// A Status plus the optional fields `outpost_core::Status` does not model.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: Status,
+    /// `details.causes` entries: (reason, message, field).
+    pub causes: Vec<(String, String, String)>,
+    /// `metadata.continue`, set on a 410 for an expired continue token.
+    pub continue_token: Option<String>,
+}
+
+impl From<Status> for ApiError {
+    fn from(status: Status) -> Self {
+        ApiError {
+            status,
+            causes: Vec::new(),
+            continue_token: None,
+        }
+    }
+}
+
+impl ApiError {
+    pub fn with_cause(mut self, reason: &str, message: &str, field: &str) -> Self {
+        self.causes.push((reason.into(), message.into(), field.into()));
+        self
+    }
+
+    pub fn to_value(&self) -> Value {
+        let mut v = self.status.to_value();
+        if !self.causes.is_empty() {
+            let causes: Vec<Value> = self
+                .causes
+                .iter()
+                .map(|(reason, message, field)| {
+                    let mut c = json!({"reason": reason, "message": message});
+                    if !field.is_empty() {
+                        c["field"] = field.clone().into();
+                    }
+                    c
+                })
+                .collect();
+            if !v["details"].is_object() {
+                v["details"] = json!({});
+            }
+            v["details"]["causes"] = causes.into();
+        }
+        if let Some(token) = &self.continue_token {
+            v["metadata"]["continue"] = token.clone().into();
+        }
+        v
+    }
+}
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+}
+
+pub fn json_response(code: u16, value: &Value) -> Response<Body> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    with_type(code, "application/json", body)
+}
+
+pub fn text_response(code: u16, text: &str) -> Response<Body> {
+    with_type(code, "text/plain; charset=utf-8", text.as_bytes().to_vec())
+}
+
+fn with_type(code: u16, content_type: &'static str, body: Vec<u8>) -> Response<Body> {
+    let mut resp = Response::new(full(body));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        "X-Content-Type-Options",
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+pub fn error_response(err: &ApiError) -> Response<Body> {
+    let mut resp = json_response(err.status.code, &err.to_value());
+    if let Some(secs) = err.status.retry_after_seconds {
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    resp
+}
+
+/// The NotFoundHandler's answer for paths nothing serves.
+pub fn path_not_found() -> ApiError {
+    Status::new(
+        Reason::NotFound,
+        "the server could not find the requested resource",
+    )
+    .into()
+}
+
+pub fn method_not_allowed() -> ApiError {
+    Status::new(
+        Reason::MethodNotAllowed,
+        "the server does not allow this method on the requested resource",
+    )
+    .into()
+}
+
+/// The Status an injected failure answers with, worded like the apiserver's own.
+pub fn injected_failure(code: u16) -> ApiError {
+    let (reason, message) = match code {
+        429 => (
+            Reason::TooManyRequests,
+            "Too many requests, please try again later.",
+        ),
+        500 => (
+            Reason::InternalError,
+            "Internal error occurred: injected failure",
+        ),
+        503 => (
+            Reason::ServiceUnavailable,
+            "the server is currently unable to handle the request",
+        ),
+        504 => (
+            Reason::Timeout,
+            "the server was unable to return a response in the time allotted, but may still be processing the request",
+        ),
+        401 => (Reason::Unauthorized, "Unauthorized"),
+        403 => (Reason::Forbidden, "forbidden: injected failure"),
+        404 => (Reason::NotFound, "the server could not find the requested resource"),
+        409 => (Reason::Conflict, "injected conflict"),
+        _ => (Reason::InternalError, "injected failure"),
+    };
+    let mut status = Status::new(reason, message).with_code(code);
+    if matches!(code, 429 | 503) {
+        status = status.with_retry_after(1);
+    }
+    status.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_and_continue_are_rendered() {
+        let err = ApiError::from(Status::expired("old"))
+            .with_cause("ResourceVersionTooLarge", "Too large resource version", "");
+        let mut err = err;
+        err.continue_token = Some("abc".into());
+        let v = err.to_value();
+        assert_eq!(v["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+        assert!(v["details"]["causes"][0].get("field").is_none());
+        assert_eq!(v["metadata"]["continue"], "abc");
+    }
+
+    #[test]
+    fn injected_503_has_retry_after() {
+        let resp = error_response(&injected_failure(503));
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+    }
+}

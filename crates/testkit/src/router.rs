@@ -1,0 +1,482 @@
+//! One request, end to end: fault switches, classification (kube-apiserver's `RequestInfo`
+//! rules), authentication, injected failures, authorization, NodeRestriction admission,
+//! dispatch to discovery or a resource handler, and the request log.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Request, Response, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use outpost_core::{Reason, Status};
+use rustls::pki_types::CertificateDer;
+
+use crate::authn::UserInfo;
+use crate::authz::{self, Attributes, Decision};
+use crate::discovery;
+use crate::graph::StoreGraph;
+use crate::handlers::{self, Target};
+use crate::query::ListOptions;
+use crate::reply::{self, ApiError, Body, error_response, json_response, text_response};
+use crate::resources::{self, ResourceDef};
+use crate::state::{RequestRecord, Shared};
+use crate::watch;
+
+/// What the TLS layer learned about the peer, shared by all requests of a connection.
+pub struct ConnInfo {
+    pub peer_certs: Option<Vec<CertificateDer<'static>>>,
+}
+
+/// `RequestInfo`: how kube-apiserver classifies a request before authorizing it.
+#[derive(Debug, Default, Clone)]
+pub struct Info {
+    pub resource_request: bool,
+    pub path: String,
+    pub query: String,
+    pub verb: String,
+    pub api_group: String,
+    pub api_version: String,
+    pub namespace: String,
+    pub resource: String,
+    pub subresource: String,
+    /// For authorization: the path's name, or for list/watch a `metadata.name=` selector's.
+    pub name: String,
+    /// The name segment of the URL path only.
+    pub path_name: String,
+    /// More than `resource/name/subresource`: nothing serves such a path.
+    pub extra_parts: bool,
+    /// Came in through the deprecated `/watch/` prefix.
+    pub watch_prefix: bool,
+}
+
+fn method_verb(method: &Method) -> String {
+    match *method {
+        Method::GET | Method::HEAD => "get".into(),
+        Method::POST => "create".into(),
+        Method::PUT => "update".into(),
+        Method::PATCH => "patch".into(),
+        Method::DELETE => "delete".into(),
+        _ => method.as_str().to_ascii_lowercase(),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+impl Info {
+    pub fn classify(method: &Method, path: &str, query: &str) -> Info {
+        let mut info = Info {
+            path: path.to_owned(),
+            query: query.to_owned(),
+            verb: method.as_str().to_ascii_lowercase(),
+            ..Info::default()
+        };
+        let segs: Vec<String> = path
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(percent_decode)
+            .collect();
+        let rest = match segs.first().map(String::as_str) {
+            Some("api") if segs.len() >= 3 => {
+                info.api_version = segs[1].clone();
+                &segs[2..]
+            }
+            Some("apis") if segs.len() >= 4 => {
+                info.api_group = segs[1].clone();
+                info.api_version = segs[2].clone();
+                &segs[3..]
+            }
+            _ => return info,
+        };
+        info.resource_request = true;
+        info.verb = method_verb(method);
+        info.classify_parts(rest, method);
+        info
+    }
+
+    fn classify_parts(&mut self, mut parts: &[String], method: &Method) {
+        if parts.first().map(String::as_str) == Some("watch") && parts.len() >= 2 {
+            self.verb = "watch".into();
+            self.watch_prefix = true;
+            parts = &parts[1..];
+        }
+        if parts.first().map(String::as_str) == Some("namespaces") && parts.len() > 1 {
+            self.namespace = parts[1].clone();
+            if parts.len() > 2 && !matches!(parts[2].as_str(), "status" | "finalize") {
+                parts = &parts[2..];
+            }
+        }
+        self.extra_parts = parts.len() > 3;
+        self.resource = parts[0].clone();
+        self.name = parts.get(1).cloned().unwrap_or_default();
+        self.path_name = self.name.clone();
+        self.subresource = parts.get(2).cloned().unwrap_or_default();
+        let options = ListOptions::decode(&self.query).ok();
+        if self.name.is_empty() && self.verb == "get" {
+            let watch = options.as_ref().map_or_else(|| self.lenient_watch(), |o| o.watch);
+            self.verb = if watch { "watch" } else { "list" }.into();
+        }
+        if self.name.is_empty() && matches!(self.verb.as_str(), "list" | "watch") {
+            if let Some(name) = options.as_ref().and_then(|o| o.selected_name()) {
+                self.name = name.to_owned();
+            }
+        }
+        if self.name.is_empty() && *method == Method::DELETE {
+            self.verb = "deletecollection".into();
+        }
+    }
+
+    /// When the query does not parse, `RequestInfo` still honours `watch`.
+    fn lenient_watch(&self) -> bool {
+        crate::query::param(&crate::query::params(&self.query), "watch")
+            .is_some_and(|v| !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"))
+    }
+
+    fn attributes<'a>(&'a self, user: &'a UserInfo) -> Attributes<'a> {
+        Attributes {
+            user,
+            verb: &self.verb,
+            resource_request: self.resource_request,
+            path: &self.path,
+            api_group: &self.api_group,
+            resource: &self.resource,
+            subresource: &self.subresource,
+            namespace: &self.namespace,
+            name: &self.name,
+            field_selector: None,
+        }
+    }
+}
+
+/// The hyper service function.
+pub async fn serve(
+    shared: Arc<Shared>,
+    conn: Arc<ConnInfo>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let latency = shared.faults.latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    shared.faults.pass_blackhole().await;
+    let (parts, body) = req.into_parts();
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let path = parts.uri.path().to_owned();
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    let info = Info::classify(&parts.method, &path, &query);
+    let (user, resp) = match shared
+        .authn
+        .authenticate(conn.peer_certs.as_deref(), header_str(&parts, header::AUTHORIZATION))
+    {
+        Ok(user) => {
+            let resp = authorized(&shared, &info, &user, &parts, body).await;
+            (user, resp)
+        }
+        Err(status) => (UserInfo::anonymous(), error_response(&status.into())),
+    };
+    shared.record(record(&parts, &info, &user, resp.status().as_u16()));
+    Ok(resp)
+}
+
+fn header_str<'a>(parts: &'a Parts, name: header::HeaderName) -> Option<&'a str> {
+    parts.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn record(parts: &Parts, info: &Info, user: &UserInfo, status: u16) -> RequestRecord {
+    RequestRecord {
+        method: parts.method.as_str().to_owned(),
+        path: info.path.clone(),
+        query: info.query.clone(),
+        user: user.name.clone(),
+        groups: user.groups.clone(),
+        user_agent: header_str(parts, header::USER_AGENT).map(str::to_owned),
+        status,
+        verb: info.verb.clone(),
+        resource: info.resource.clone(),
+        subresource: info.subresource.clone(),
+        namespace: info.namespace.clone(),
+        name: info.name.clone(),
+    }
+}
+
+/// Everything after authentication; errors become Status responses.
+async fn authorized(
+    shared: &Arc<Shared>,
+    info: &Info,
+    user: &UserInfo,
+    parts: &Parts,
+    body: Bytes,
+) -> Response<Body> {
+    if let Some(code) = shared.faults.fail_code() {
+        return error_response(&reply::injected_failure(code));
+    }
+    match authorize_and_dispatch(shared, info, user, parts, body).await {
+        Ok(resp) => resp,
+        Err(err) => error_response(&err),
+    }
+}
+
+async fn authorize_and_dispatch(
+    shared: &Arc<Shared>,
+    info: &Info,
+    user: &UserInfo,
+    parts: &Parts,
+    body: Bytes,
+) -> Result<Response<Body>, ApiError> {
+    let field_selector = ListOptions::decode(&info.query).ok().map(|o| o.field_selector);
+    let attrs = Attributes {
+        field_selector: field_selector.as_ref(),
+        ..info.attributes(user)
+    };
+    let graph = StoreGraph(&shared.store);
+    if let Decision::Deny(reason) = authz::authorize(&attrs, &graph) {
+        return Err(authz::forbidden(&attrs, &reason).into());
+    }
+    if !info.resource_request {
+        return non_resource(shared, info, &parts.method);
+    }
+    admit(&attrs, &body, &graph)?;
+    check_accept(parts)?;
+    resource(shared, info, parts, body).await
+}
+
+/// NodeRestriction for writes by nodes.
+fn admit(attrs: &Attributes<'_>, body: &[u8], graph: &StoreGraph<'_>) -> Result<(), ApiError> {
+    if !matches!(attrs.verb, "create" | "update" | "patch" | "delete") {
+        return Ok(());
+    }
+    let parsed = serde_json::from_slice(body).ok();
+    let Some(message) = authz::node_restriction(attrs, parsed.as_ref(), graph) else {
+        return Ok(());
+    };
+    let body_name = parsed
+        .as_ref()
+        .and_then(|b: &serde_json::Value| b.pointer("/metadata/name"))
+        .and_then(|n| n.as_str())
+        .unwrap_or("");
+    let named = Attributes {
+        name: if attrs.name.is_empty() { body_name } else { attrs.name },
+        ..*attrs
+    };
+    Err(authz::forbidden_for(&named, &message).into())
+}
+
+/// JSON is all the fake speaks; a client that accepts nothing JSON-compatible gets a 406.
+fn check_accept(parts: &Parts) -> Result<(), ApiError> {
+    let Some(accept) = header_str(parts, header::ACCEPT) else {
+        return Ok(());
+    };
+    let ok = accept.split(',').any(|item| {
+        let media = item.split(';').next().unwrap_or("").trim();
+        matches!(media, "application/json" | "application/*" | "*/*" | "")
+    });
+    if ok {
+        return Ok(());
+    }
+    Err(Status::new(
+        Reason::NotAcceptable,
+        "only the following media types are accepted: application/json",
+    )
+    .into())
+}
+
+fn non_resource(shared: &Shared, info: &Info, method: &Method) -> Result<Response<Body>, ApiError> {
+    if *method != Method::GET && *method != Method::HEAD {
+        return Err(reply::path_not_found());
+    }
+    let path = info.path.trim_end_matches('/');
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let doc = match segs.as_slice() {
+        ["version"] => discovery::version(&shared.config.git_version),
+        ["healthz" | "livez" | "readyz", ..] => return Ok(text_response(200, "ok")),
+        ["api"] => discovery::api_versions(shared.addr),
+        ["api", version] => discovery::api_resource_list("", version).ok_or_else(reply::path_not_found)?,
+        ["apis"] => discovery::api_group_list(),
+        ["apis", group] => discovery::api_group(group).ok_or_else(reply::path_not_found)?,
+        ["apis", group, version] => {
+            discovery::api_resource_list(group, version).ok_or_else(reply::path_not_found)?
+        }
+        _ => return Err(reply::path_not_found()),
+    };
+    Ok(json_response(200, &doc))
+}
+
+/// Resolves the resource and checks the request shape against what it serves.
+fn target<'a>(info: &'a Info) -> Result<Target<'a>, ApiError> {
+    let def = resources::find(&info.api_group, &info.api_version, &info.resource)
+        .ok_or_else(reply::path_not_found)?;
+    let sub_ok = match info.subresource.as_str() {
+        "" => true,
+        "status" => def.status,
+        "token" => def.kind == "ServiceAccount",
+        _ => false,
+    };
+    if info.extra_parts || !sub_ok {
+        return Err(reply::path_not_found());
+    }
+    let namespace = scope(def, info)?;
+    Ok(Target {
+        def,
+        namespace,
+        name: &info.path_name,
+        subresource: &info.subresource,
+    })
+}
+
+/// Namespaced resources are addressed under `namespaces/<ns>/`, except list/watch across all.
+fn scope<'a>(def: &ResourceDef, info: &'a Info) -> Result<Option<&'a str>, ApiError> {
+    if def.kind == "Namespace" {
+        return Ok(None);
+    }
+    match (def.namespaced, info.namespace.is_empty()) {
+        (true, false) => Ok(Some(info.namespace.as_str())),
+        (false, true) => Ok(None),
+        (false, false) => Err(reply::path_not_found()),
+        (true, true) if !info.path_name.is_empty() && !info.watch_prefix => {
+            Err(reply::path_not_found())
+        }
+        (true, true) if matches!(info.verb.as_str(), "list" | "watch") => Ok(None),
+        (true, true) => Err(reply::method_not_allowed()),
+    }
+}
+
+fn verb_allowed(def: &ResourceDef, info: &Info) -> bool {
+    match info.subresource.as_str() {
+        "status" => matches!(info.verb.as_str(), "get" | "update" | "patch"),
+        "token" => info.verb == "create",
+        _ => def.verbs.contains(&info.verb.as_str()),
+    }
+}
+
+async fn resource(
+    shared: &Arc<Shared>,
+    info: &Info,
+    parts: &Parts,
+    body: Bytes,
+) -> Result<Response<Body>, ApiError> {
+    let t = target(info)?;
+    if !verb_allowed(t.def, info) {
+        return Err(reply::method_not_allowed());
+    }
+    let content_type = header_str(parts, header::CONTENT_TYPE).unwrap_or("");
+    if matches!(info.verb.as_str(), "create" | "update") {
+        check_body_type(content_type)?;
+    }
+    match info.verb.as_str() {
+        "get" => {
+            let rv = crate::query::param(&crate::query::params(&info.query), "resourceVersion")
+                .unwrap_or("")
+                .to_owned();
+            Ok(json_response(200, &handlers::get(shared, t, &rv).await?))
+        }
+        "list" => {
+            let o = ListOptions::decode(&info.query)?;
+            Ok(json_response(200, &handlers::list(shared, t, &o).await?))
+        }
+        "watch" => {
+            let mut o = ListOptions::decode(&info.query)?;
+            o.watch = true;
+            let named = Target { name: if info.watch_prefix { t.name } else { "" }, ..t };
+            watch::watch(shared.clone(), named, o).await
+        }
+        "create" => create(shared, t, info, &body),
+        "update" => handlers::update(shared, t, &body),
+        "patch" => handlers::patch(shared, t, content_type, &body),
+        "delete" => handlers::delete(shared, t, &body),
+        "deletecollection" => {
+            let o = ListOptions::decode(&info.query)?;
+            handlers::delete_collection(shared, t, &o, &body)
+        }
+        _ => Err(reply::method_not_allowed()),
+    }
+}
+
+fn create(shared: &Shared, t: Target<'_>, info: &Info, body: &[u8]) -> Result<Response<Body>, ApiError> {
+    if !info.path_name.is_empty() && t.subresource != "token" {
+        return Err(reply::method_not_allowed());
+    }
+    match (t.def.group, t.def.name) {
+        ("authentication.k8s.io", "tokenreviews") => handlers::token_review(shared, body),
+        ("authorization.k8s.io", "subjectaccessreviews") => {
+            handlers::subject_access_review(shared, body)
+        }
+        _ => handlers::create(shared, t, body),
+    }
+}
+
+/// Bodies must be JSON (protobuf and YAML request bodies are not decoded by the fake).
+fn check_body_type(content_type: &str) -> Result<(), ApiError> {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if matches!(media, "" | "application/json" | "*/*") {
+        return Ok(());
+    }
+    Err(Status::new(
+        Reason::UnsupportedMediaType,
+        format!("the body of the request was in an unknown format - accepted media types include: application/json (got {media})"),
+    )
+    .into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn classify(method: Method, path_and_query: &str) -> Info {
+        let (path, query) = path_and_query.split_once('?').unwrap_or((path_and_query, ""));
+        Info::classify(&method, path, query)
+    }
+
+    #[test]
+    fn classifies_like_request_info() {
+        let i = classify(Method::GET, "/api/v1/namespaces/kube-system/pods/p1");
+        assert_eq!((i.verb.as_str(), i.namespace.as_str(), i.resource.as_str(), i.name.as_str()), ("get", "kube-system", "pods", "p1"));
+        let i = classify(Method::GET, "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn1");
+        assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", ""));
+        let i = classify(Method::GET, "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dcfg");
+        assert_eq!((i.verb.as_str(), i.name.as_str()), ("list", "cfg"));
+        let i = classify(Method::PATCH, "/api/v1/nodes/n1/status");
+        assert_eq!((i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()), ("patch", "nodes", "status"));
+        let i = classify(Method::GET, "/api/v1/namespaces/default");
+        assert_eq!((i.resource.as_str(), i.name.as_str(), i.namespace.as_str()), ("namespaces", "default", "default"));
+        let i = classify(Method::DELETE, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases");
+        assert_eq!((i.verb.as_str(), i.api_group.as_str()), ("deletecollection", "coordination.k8s.io"));
+        let i = classify(Method::GET, "/api/v1/watch/namespaces/default/pods/p");
+        assert_eq!((i.verb.as_str(), i.name.as_str(), i.watch_prefix), ("watch", "p", true));
+        let i = classify(Method::GET, "/api/v1/namespaces/default/pods/p/log/extra");
+        assert!(i.extra_parts);
+        let i = classify(Method::GET, "/version");
+        assert!(!i.resource_request);
+        assert_eq!(i.verb, "get");
+        let i = classify(Method::GET, "/apis/apps/v1");
+        assert!(!i.resource_request);
+    }
+
+    #[test]
+    fn scope_rules() {
+        let info = classify(Method::POST, "/api/v1/pods");
+        let pods = resources::by_gvr("v1/pods").unwrap();
+        assert_eq!(scope(pods, &info).unwrap_err().status.code, 405);
+        let info = classify(Method::GET, "/api/v1/pods/x");
+        assert_eq!(scope(pods, &info).unwrap_err().status.code, 404);
+        let info = classify(Method::GET, "/api/v1/pods");
+        assert_eq!(scope(pods, &info).unwrap(), None);
+        let nodes = resources::by_gvr("v1/nodes").unwrap();
+        let info = classify(Method::GET, "/api/v1/namespaces/default/nodes");
+        assert!(scope(nodes, &info).is_err());
+    }
+
+    #[test]
+    fn body_and_accept_types() {
+        assert!(check_body_type("application/json; charset=utf-8").is_ok());
+        assert_eq!(check_body_type("application/vnd.kubernetes.protobuf").unwrap_err().status.code, 415);
+    }
+}

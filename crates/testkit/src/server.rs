@@ -1,0 +1,429 @@
+//! [`FakeApiServer`]: the HTTPS listener, per-connection hyper tasks, fault injection and the
+//! server-side API tests use to read and write the cluster state.
+//!
+//! The listener lives in a slot the accept loop polls, so [`FakeApiServer::refuse_connections`]
+//! can close the socket synchronously (the next connect gets `ECONNREFUSED`) and
+//! [`FakeApiServer::restore`] can bind the same port again. Connection tasks live in a `JoinSet`,
+//! so dropping connections, shutdown and `Drop` abort all of them; watch streams are bodies of
+//! those connections and end with them.
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use outpost_core::{Reason, Status};
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+use crate::authn::Authenticator;
+use crate::pki::TestPki;
+use crate::registry::{self, Origin, Part, typed};
+use crate::resources::{ResourceDef, by_gvr};
+use crate::router::{self, ConnInfo};
+use crate::state::{RequestRecord, Shared, lock};
+use crate::store::{Store, object_key};
+
+/// How the fake behaves; `FakeConfig::default()` is a seeded, lenient-TLS v1.32.4 apiserver.
+#[derive(Debug, Clone)]
+pub struct FakeConfig {
+    /// Reject TLS handshakes without a valid client certificate. The default (false) matches
+    /// kube-apiserver: certificates are requested, and checked per request.
+    pub require_client_cert: bool,
+    /// How often watches with `allowWatchBookmarks=true` get a `BOOKMARK`.
+    pub bookmark_interval: Duration,
+    /// Watch events remembered per resource; older resourceVersions get 410 Expired.
+    pub event_window: usize,
+    /// `/version`'s `gitVersion` (`major` / `minor` are derived from it).
+    pub git_version: String,
+    /// Load the fixture pods and a small edge cluster (see the `seed` module).
+    pub seed: bool,
+}
+
+impl Default for FakeConfig {
+    fn default() -> Self {
+        FakeConfig {
+            require_client_cert: false,
+            bookmark_interval: Duration::from_secs(1),
+            event_window: 1000,
+            git_version: "v1.32.4".to_owned(),
+            seed: true,
+        }
+    }
+}
+
+/// Failures to start the fake.
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("certificates: {0}")]
+    Pki(#[from] rcgen::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+type ListenerSlot = Arc<Mutex<Option<TcpListener>>>;
+type Connections = Arc<Mutex<JoinSet<()>>>;
+
+/// A running fake kube-apiserver on `127.0.0.1:<ephemeral port>`.
+pub struct FakeApiServer {
+    shared: Arc<Shared>,
+    pki: Arc<TestPki>,
+    acceptor: TlsAcceptor,
+    listener: ListenerSlot,
+    accept_task: Mutex<Option<JoinHandle<()>>>,
+    connections: Connections,
+    /// Sockets accepted while blackholed, held open without a handshake.
+    held: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+fn pem_certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TestkitError> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TestkitError::Other(format!("bad certificate PEM: {e}")))
+}
+
+fn tls_acceptor(pki: &TestPki, authn: &Authenticator, mandatory: bool) -> Result<TlsAcceptor, TestkitError> {
+    let key = PrivateKeyDer::from_pem_slice(pki.server.key_pem.as_bytes())
+        .map_err(|e| TestkitError::Other(format!("bad key PEM: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(authn.tls_verifier(mandatory))
+        .with_single_cert(pem_certs(&pki.server.cert_pem)?, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+fn authenticator(pki: &TestPki) -> Result<Authenticator, TestkitError> {
+    let mut roots = RootCertStore::empty();
+    for cert in pem_certs(&pki.ca_pem)? {
+        roots.add(cert)?;
+    }
+    Authenticator::new(roots).map_err(|e| TestkitError::Other(e.to_string()))
+}
+
+/// Binds with `SO_REUSEADDR` so `restore` can take the same port right after `refuse`.
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+impl FakeApiServer {
+    /// Starts a fake with a fresh [`TestPki`].
+    pub async fn start(config: FakeConfig) -> Result<FakeApiServer, TestkitError> {
+        Self::start_with_pki(config, Arc::new(TestPki::new()?)).await
+    }
+
+    /// Starts a fake whose serving cert and client CA come from `pki`.
+    pub async fn start_with_pki(
+        config: FakeConfig,
+        pki: Arc<TestPki>,
+    ) -> Result<FakeApiServer, TestkitError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let authn = authenticator(&pki)?;
+        let acceptor = tls_acceptor(&pki, &authn, config.require_client_cert)?;
+        let listener = bind("127.0.0.1:0".parse().expect("literal address"))?;
+        let addr = listener.local_addr()?;
+        let store = Store::new(config.event_window, 0);
+        if config.seed {
+            crate::seed::seed(&store, &pki);
+        }
+        store.compact_all();
+        let shared = Arc::new(Shared::new(config, store, authn, addr));
+        let server = FakeApiServer {
+            shared,
+            pki,
+            acceptor,
+            listener: Arc::new(Mutex::new(Some(listener))),
+            accept_task: Mutex::new(None),
+            connections: Arc::new(Mutex::new(JoinSet::new())),
+            held: Arc::new(Mutex::new(Vec::new())),
+        };
+        server.spawn_accept_loop();
+        Ok(server)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.shared.addr)
+    }
+
+    pub fn pki(&self) -> &Arc<TestPki> {
+        &self.pki
+    }
+
+    /// Registers a bearer token for `user` in `groups`.
+    pub fn add_token(&self, token: &str, user: &str, groups: &[&str]) {
+        self.shared.authn.add_token(token, user, groups);
+    }
+
+    fn spawn_accept_loop(&self) {
+        let task = tokio::spawn(accept_loop(
+            self.shared.clone(),
+            self.acceptor.clone(),
+            self.listener.clone(),
+            self.connections.clone(),
+            self.held.clone(),
+        ));
+        if let Some(old) = lock(&self.accept_task).replace(task) {
+            old.abort();
+        }
+    }
+
+    fn drop_connections(&self) {
+        lock(&self.connections).abort_all();
+        lock(&self.held).clear();
+    }
+
+    // ---- server-side object API ----------------------------------------------------------
+
+    fn def(gvr: &str) -> Result<&'static ResourceDef, Status> {
+        by_gvr(gvr).ok_or_else(|| {
+            Status::new(
+                Reason::NotFound,
+                format!("the server could not find the requested resource ({gvr})"),
+            )
+        })
+    }
+
+    /// Creates an object as a controller would (status kept as given); the namespace comes from
+    /// `metadata.namespace`, defaulting to `default`.
+    pub fn create(&self, gvr: &str, obj: Value) -> Result<Value, Status> {
+        let def = Self::def(gvr)?;
+        let ns = namespace_of(def, &obj);
+        registry::create(&self.shared.store, def, ns.as_deref(), obj, Origin::Server)
+    }
+
+    /// Replaces an object (status included); a `metadata.resourceVersion` must be current.
+    pub fn update(&self, gvr: &str, obj: Value) -> Result<Value, Status> {
+        let def = Self::def(gvr)?;
+        let ns = namespace_of(def, &obj);
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned();
+        let store = &self.shared.store;
+        registry::update(store, def, ns.as_deref(), &name, obj, Part::Main, Origin::Server)
+            .map(|w| w.object)
+    }
+
+    /// Deletes an object (finalizers are honoured); returns it.
+    pub fn delete(&self, gvr: &str, namespace: Option<&str>, name: &str) -> Result<Value, Status> {
+        let def = Self::def(gvr)?;
+        registry::delete(&self.shared.store, def, namespace, name, &Value::Null).map(|d| d.object)
+    }
+
+    /// The object, with `kind` and `apiVersion`.
+    pub fn get(&self, gvr: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let def = by_gvr(gvr)?;
+        let obj = self.shared.store.get(def, &object_key(def, namespace, name))?;
+        Some(typed(def, &obj))
+    }
+
+    /// All objects (of one namespace, or all), in etcd key order, with `kind` and `apiVersion`.
+    pub fn list(&self, gvr: &str, namespace: Option<&str>) -> Vec<Value> {
+        let Some(def) = by_gvr(gvr) else {
+            return Vec::new();
+        };
+        let prefix = match namespace {
+            Some(ns) if def.namespaced => format!("{ns}/"),
+            _ => String::new(),
+        };
+        let (_, items) = self.shared.store.list(def, &prefix);
+        items.iter().map(|(_, o)| typed(def, o)).collect()
+    }
+
+    /// The global (etcd-like) resourceVersion.
+    pub fn current_resource_version(&self) -> u64 {
+        self.shared.store.current_rv()
+    }
+
+    // ---- fault injection -----------------------------------------------------------------
+
+    /// Closes the listening socket (connects get `ECONNREFUSED`) and drops open connections.
+    pub fn refuse_connections(&self) {
+        lock(&self.listener).take();
+        if let Some(task) = lock(&self.accept_task).take() {
+            task.abort();
+        }
+        self.drop_connections();
+    }
+
+    /// Accepts TCP but never answers: no TLS handshake for new sockets, and requests / watch
+    /// events on existing connections stall until [`FakeApiServer::restore`].
+    pub fn blackhole(&self) {
+        self.shared.faults.set_blackhole(true);
+    }
+
+    /// Delays every response by `d`.
+    pub fn set_latency(&self, d: Duration) {
+        self.shared.faults.set_latency(d);
+    }
+
+    /// Answers every request with this code and a matching Status body (`None` = off).
+    pub fn fail_requests(&self, code: Option<u16>) {
+        self.shared.faults.set_fail(code);
+    }
+
+    /// Aborts every open watch stream mid-body (the connection drops without a final chunk).
+    pub fn cut_watches(&self) {
+        self.shared.cut.send_modify(|generation| *generation += 1);
+    }
+
+    /// Undoes refuse / blackhole / latency / failures, rebinding the same port if needed.
+    pub async fn restore(&self) {
+        self.shared.faults.set_latency(Duration::ZERO);
+        self.shared.faults.set_fail(None);
+        self.shared.faults.set_blackhole(false);
+        if lock(&self.listener).is_none() {
+            self.rebind().await;
+        }
+        let held: Vec<TcpStream> = std::mem::take(&mut *lock(&self.held));
+        let mut conns = lock(&self.connections);
+        for tcp in held {
+            conns.spawn(serve_connection(self.shared.clone(), self.acceptor.clone(), tcp));
+        }
+    }
+
+    /// The port may linger briefly in the kernel; retry for up to ~2 s.
+    async fn rebind(&self) {
+        for _ in 0..100 {
+            match bind(self.shared.addr) {
+                Ok(listener) => {
+                    *lock(&self.listener) = Some(listener);
+                    self.spawn_accept_loop();
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        tracing::error!(addr = %self.shared.addr, "fake apiserver could not rebind its port");
+    }
+
+    // ---- request log ---------------------------------------------------------------------
+
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.requests).clone()
+    }
+
+    pub fn clear_requests(&self) {
+        lock(&self.shared.requests).clear();
+    }
+
+    /// Stops accepting, aborts every connection (and so every watch) and frees the port.
+    pub async fn shutdown(self) {
+        lock(&self.listener).take();
+        let accept = lock(&self.accept_task).take();
+        if let Some(task) = accept {
+            task.abort();
+            let _ = task.await;
+        }
+        let mut conns = std::mem::take(&mut *lock(&self.connections));
+        conns.shutdown().await;
+        lock(&self.held).clear();
+    }
+
+    /// Writes a kubeconfig (plus client cert, key and CA files) for `user` in `groups`
+    /// talking to this fake directly, and returns its path.
+    pub fn kubeconfig_for(&self, dir: &Path, user: &str, groups: &[&str]) -> PathBuf {
+        crate::kubeconfig::write(dir, &self.url(), &self.pki, user, groups)
+            .unwrap_or_else(|e| panic!("writing a kubeconfig into {}: {e}", dir.display()))
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.accept_task).take() {
+            task.abort();
+        }
+        // Dropping the JoinSet would abort too, but the Arc may outlive us in the accept task.
+        lock(&self.connections).abort_all();
+    }
+}
+
+fn namespace_of(def: &ResourceDef, obj: &Value) -> Option<String> {
+    if !def.namespaced {
+        return None;
+    }
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default");
+    Some(ns.to_owned())
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    acceptor: TlsAcceptor,
+    listener: ListenerSlot,
+    connections: Connections,
+    held: Arc<Mutex<Vec<TcpStream>>>,
+) {
+    loop {
+        let accepted = poll_fn(|cx| match lock(&listener).as_ref() {
+            Some(l) => l.poll_accept(cx).map(Some),
+            None => Poll::Ready(None),
+        })
+        .await;
+        let tcp = match accepted {
+            None => return,
+            Some(Ok((tcp, _))) => tcp,
+            // Transient (e.g. EMFILE): back off instead of spinning.
+            Some(Err(_)) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if shared.faults.blackholed() {
+            lock(&held).push(tcp);
+            continue;
+        }
+        let mut conns = lock(&connections);
+        while conns.try_join_next().is_some() {}
+        conns.spawn(serve_connection(shared.clone(), acceptor.clone(), tcp));
+    }
+}
+
+async fn serve_connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpStream) {
+    let _ = tcp.set_nodelay(true);
+    let Ok(tls) = acceptor.accept(tcp).await else {
+        return;
+    };
+    let peer_certs = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect());
+    let conn = Arc::new(ConnInfo { peer_certs });
+    let service = service_fn(move |req| router::serve(shared.clone(), conn.clone(), req));
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+}

@@ -1,0 +1,118 @@
+//! State shared by the accept loop, every connection and the test's handle: the store, the
+//! authenticator, fault switches, the request log and the watch-cut signal.
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::authn::Authenticator;
+use crate::server::FakeConfig;
+use crate::store::Store;
+
+/// One answered request, for test assertions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    pub method: String,
+    pub path: String,
+    /// The raw query string (without `?`), empty if none.
+    pub query: String,
+    /// The authenticated user name, or `system:anonymous`.
+    pub user: String,
+    pub groups: Vec<String>,
+    pub user_agent: Option<String>,
+    pub status: u16,
+    /// The Kubernetes verb (`get`, `list`, `watch`, `create`…); the lower-cased method otherwise.
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is a plain read or replace, so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Switches the fault-injection API flips.
+pub(crate) struct Faults {
+    latency: Mutex<Duration>,
+    fail: Mutex<Option<u16>>,
+    blackhole: watch::Sender<bool>,
+}
+
+impl Faults {
+    fn new() -> Self {
+        Faults {
+            latency: Mutex::new(Duration::ZERO),
+            fail: Mutex::new(None),
+            blackhole: watch::channel(false).0,
+        }
+    }
+
+    pub fn latency(&self) -> Duration {
+        *lock(&self.latency)
+    }
+
+    pub fn set_latency(&self, d: Duration) {
+        *lock(&self.latency) = d;
+    }
+
+    pub fn fail_code(&self) -> Option<u16> {
+        *lock(&self.fail)
+    }
+
+    pub fn set_fail(&self, code: Option<u16>) {
+        *lock(&self.fail) = code;
+    }
+
+    pub fn blackholed(&self) -> bool {
+        *self.blackhole.borrow()
+    }
+
+    pub fn set_blackhole(&self, on: bool) {
+        self.blackhole.send_replace(on);
+    }
+
+    pub fn blackhole_signal(&self) -> watch::Receiver<bool> {
+        self.blackhole.subscribe()
+    }
+
+    /// Parks the caller for as long as the blackhole is on, like packets lost in a partition.
+    pub async fn pass_blackhole(&self) {
+        let mut rx = self.blackhole.subscribe();
+        // The sender lives as long as `self`, so `wait_for` only fails if it is dropped.
+        let _ = rx.wait_for(|on| !on).await;
+    }
+}
+
+pub(crate) struct Shared {
+    pub config: FakeConfig,
+    pub store: Store,
+    pub authn: Authenticator,
+    pub faults: Faults,
+    pub requests: Mutex<Vec<RequestRecord>>,
+    /// Bumped by `cut_watches`; every open watch aborts its stream when it changes.
+    pub cut: watch::Sender<u64>,
+    pub addr: SocketAddr,
+}
+
+impl Shared {
+    pub fn new(config: FakeConfig, store: Store, authn: Authenticator, addr: SocketAddr) -> Self {
+        Shared {
+            config,
+            store,
+            authn,
+            faults: Faults::new(),
+            requests: Mutex::new(Vec::new()),
+            cut: watch::channel(0).0,
+            addr,
+        }
+    }
+
+    pub fn record(&self, r: RequestRecord) {
+        lock(&self.requests).push(r);
+    }
+}
