@@ -412,6 +412,7 @@ async fn admin_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_requests_are_tunnelled_both_ways() {
     let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("p", NODE)).unwrap();
     let hub = cluster.start_hub();
     let req = "POST /api/v1/namespaces/default/pods/p/exec?command=cat&stdin=true&stdout=true HTTP/1.1\r\n\
                Host: x\r\nUser-Agent: kubectl/v1.32.4\r\nAuthorization: Bearer admin-token-for-tests\r\n\
@@ -500,4 +501,37 @@ async fn garbage_tls_server(cluster: &Cluster) -> std::net::SocketAddr {
         }
     });
     addr
+}
+
+/// The issue's reference set-up: the apiserver refuses TLS handshakes without a client
+/// certificate; kubectl, with no credentials of its own, gets through only thanks to the hub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_an_apiserver_that_demands_client_certificates() {
+    let cluster = Cluster::start_with(outpost_testkit::FakeConfig {
+        require_client_cert: true,
+        ..Default::default()
+    })
+    .await;
+    let hub = cluster.start_hub();
+    let kc = hub_kubeconfig(cluster.dir.path(), &hub);
+    let node = assert_ok(
+        &kubectl(&kc, &["get", "node", NODE, "-o", "jsonpath={.metadata.name}"]),
+        "get node through the hub",
+    );
+    assert_eq!(node, NODE);
+
+    // Without the hub, a client that has no certificate cannot even complete the handshake.
+    let direct = cluster.dir.path().join("direct.kubeconfig");
+    std::fs::write(
+        &direct,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+             insecure-skip-tls-verify: true\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\n\
+             users:\n- name: u\n  user: {{}}\ncurrent-context: c\n",
+            cluster.fake.url()
+        ),
+    )
+    .unwrap();
+    let refused = kubectl(&direct, &["get", "node", NODE]);
+    assert!(!refused.status.success(), "direct access without a certificate must fail");
 }

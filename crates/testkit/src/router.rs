@@ -158,8 +158,13 @@ impl Info {
 pub async fn serve(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    // exec / attach / port-forward switch protocols; the handle must be taken before the body.
+    let on_upgrade = req
+        .headers()
+        .contains_key(header::UPGRADE)
+        .then(|| hyper::upgrade::on(&mut req));
     let latency = shared.faults.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -184,7 +189,33 @@ pub async fn serve(
         Err(status) => (UserInfo::anonymous(), error_response(&status.into())),
     };
     shared.record(record(&parts, &info, &user, resp.status().as_u16()));
+    if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
+        && let Some(on_upgrade) = on_upgrade
+    {
+        tokio::spawn(echo_session(on_upgrade));
+    }
     Ok(resp)
+}
+
+/// Stands in for the container side of exec/attach/port-forward: echoes every byte back, like
+/// `cat` attached to the stream. The framing of SPDY/websocket channels is not interpreted.
+async fn echo_session(on_upgrade: hyper::upgrade::OnUpgrade) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(upgraded) = on_upgrade.await else {
+        return;
+    };
+    let mut io = hyper_util::rt::TokioIo::new(upgraded);
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = io.read(&mut buf).await {
+        if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// The subresources that switch protocols.
+fn is_streaming_subresource(subresource: &str) -> bool {
+    matches!(subresource, "exec" | "attach" | "portforward")
 }
 
 fn header_str<'a>(parts: &'a Parts, name: header::HeaderName) -> Option<&'a str> {
@@ -318,6 +349,7 @@ fn target<'a>(info: &'a Info) -> Result<Target<'a>, ApiError> {
         "" => true,
         "status" => def.status,
         "token" => def.kind == "ServiceAccount",
+        sub if is_streaming_subresource(sub) => def.kind == "Pod",
         _ => false,
     };
     if info.extra_parts || !sub_ok {
@@ -353,6 +385,8 @@ fn verb_allowed(def: &ResourceDef, info: &Info) -> bool {
     match info.subresource.as_str() {
         "status" => matches!(info.verb.as_str(), "get" | "update" | "patch"),
         "token" => info.verb == "create",
+        // SPDY clients POST, websocket clients GET.
+        sub if is_streaming_subresource(sub) => matches!(info.verb.as_str(), "create" | "get"),
         _ => def.verbs.contains(&info.verb.as_str()),
     }
 }
@@ -366,6 +400,9 @@ async fn resource(
     let t = target(info)?;
     if !verb_allowed(t.def, info) {
         return Err(reply::method_not_allowed());
+    }
+    if is_streaming_subresource(t.subresource) {
+        return switch_protocols(shared, t, parts).await;
     }
     let content_type = header_str(parts, header::CONTENT_TYPE).unwrap_or("");
     if matches!(info.verb.as_str(), "create" | "update") {
@@ -398,6 +435,26 @@ async fn resource(
         }
         _ => Err(reply::method_not_allowed()),
     }
+}
+
+/// `101 Switching Protocols` for a pod that exists, echoing the requested protocol; 400 without
+/// an `Upgrade` header, as kube-apiserver answers "Upgrade request required".
+async fn switch_protocols(
+    shared: &Arc<Shared>,
+    t: Target<'_>,
+    parts: &Parts,
+) -> Result<Response<Body>, ApiError> {
+    let pod = Target { subresource: "", ..t };
+    handlers::get(shared, pod, "").await?;
+    let Some(protocol) = parts.headers.get(header::UPGRADE).cloned() else {
+        return Ok(text_response(400, "Upgrade request required"));
+    };
+    let mut resp = Response::new(reply::full(Bytes::new()));
+    *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+    resp.headers_mut().insert(header::UPGRADE, protocol);
+    resp.headers_mut()
+        .insert(header::CONNECTION, header::HeaderValue::from_static("Upgrade"));
+    Ok(resp)
 }
 
 fn create(shared: &Shared, t: Target<'_>, info: &Info, body: &[u8]) -> Result<Response<Body>, ApiError> {

@@ -425,5 +425,6 @@ async fn serve_connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpSt
     let _ = http1::Builder::new()
         .timer(TokioTimer::new())
         .serve_connection(TokioIo::new(tls), service)
+        .with_upgrades()
         .await;
 }
