@@ -27,6 +27,19 @@ pub struct Cli {
 pub enum Command {
     /// Start a bundled fake apiserver and the hub on loopback, and show a client working through it.
     Demo,
+    /// Switch this node's kubelet to Outpost (convert), or back (revert).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Install the static pod, wait for readyz, then redirect kubelet to 127.0.0.1:10261.
+    Convert(outpost_node::ConvertArgs),
+    /// Restore every file convert changed, byte for byte.
+    Revert(outpost_node::RevertArgs),
 }
 
 /// yurthub's `--working-mode`.

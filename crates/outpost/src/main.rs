@@ -23,6 +23,23 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(cli::Command::Demo) => demo::main(),
+        Some(cli::Command::Node { command }) => node(command),
         None => run::hub(&cli.hub),
+    }
+}
+
+/// `outpost node convert|revert`: progress on stdout; refusals exit 2, other failures 1.
+fn node(command: cli::NodeCommand) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    let result = match command {
+        cli::NodeCommand::Convert(args) => outpost_node::convert(&args, &mut stdout),
+        cli::NodeCommand::Revert(args) => outpost_node::revert(&args, &mut stdout),
+    };
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outpost: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
