@@ -8,9 +8,15 @@ use outpost_core::RequestInfo;
 use std::hint::black_box;
 
 const KUBELET_MIX: &[(&str, &str)] = &[
-    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-1?timeout=10s"),
+    (
+        "PUT",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/edge-1?timeout=10s",
+    ),
     ("GET", "/api/v1/nodes/edge-1?resourceVersion=0&timeout=10s"),
-    ("PATCH", "/api/v1/namespaces/kube-system/pods/coredns-668d6bf9bc-898sq/status"),
+    (
+        "PATCH",
+        "/api/v1/namespaces/kube-system/pods/coredns-668d6bf9bc-898sq/status",
+    ),
     (
         "GET",
         "/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dedge-1&resourceVersion=4211&timeoutSeconds=412&watch=true",

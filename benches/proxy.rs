@@ -29,7 +29,12 @@ where
         .expect("valid request");
     let resp = client.request(req).await.expect("response");
     assert!(resp.status().is_success(), "{}", resp.status());
-    resp.into_body().collect().await.expect("body").to_bytes().len()
+    resp.into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .len()
 }
 
 fn online_get(c: &mut Criterion) {
@@ -40,8 +45,13 @@ fn online_get(c: &mut Criterion) {
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let (fake, hub, tls) = rt.block_on(async {
-        let fake = FakeApiServer::start(FakeConfig::default()).await.expect("fake");
-        let files = fake.pki().write_node_files(dir.path(), "edge-1").expect("certs");
+        let fake = FakeApiServer::start(FakeConfig::default())
+            .await
+            .expect("fake");
+        let files = fake
+            .pki()
+            .write_node_files(dir.path(), "edge-1")
+            .expect("certs");
         let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt).expect("tls");
         let hub = Hub::start(HubConfig {
             proxy_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -68,11 +78,17 @@ fn online_get(c: &mut Criterion) {
     let plain: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let direct_uri: http::Uri = format!("{}{PATH}", fake.url()).parse().expect("uri");
-    let hub_uri: http::Uri = format!("http://{}{PATH}", hub.proxy_addr()).parse().expect("uri");
+    let hub_uri: http::Uri = format!("http://{}{PATH}", hub.proxy_addr())
+        .parse()
+        .expect("uri");
 
     let mut group = c.benchmark_group("online_get_node");
-    group.bench_function("direct", |b| b.iter(|| rt.block_on(fetch(&direct, &direct_uri))));
-    group.bench_function("via_hub", |b| b.iter(|| rt.block_on(fetch(&plain, &hub_uri))));
+    group.bench_function("direct", |b| {
+        b.iter(|| rt.block_on(fetch(&direct, &direct_uri)))
+    });
+    group.bench_function("via_hub", |b| {
+        b.iter(|| rt.block_on(fetch(&plain, &hub_uri)))
+    });
     group.finish();
 
     rt.block_on(async {

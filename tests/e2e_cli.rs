@@ -20,9 +20,19 @@ fn run(args: &[String]) -> Output {
 fn assert_refused(args: &[String], expected: &str) {
     let out = run(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "args {args:?}\nstderr: {stderr}");
-    assert!(stderr.contains(expected), "expected {expected:?} in {stderr}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "args {args:?}\nstderr: {stderr}"
+    );
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
     let error_lines: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
     assert_eq!(error_lines.len(), 1, "one error line expected: {stderr}");
 }
@@ -46,7 +56,10 @@ async fn bad_flags_exit_2_with_one_line() {
     let cluster = Cluster::start().await;
     let base = cluster.hub_args();
     assert_refused(&with(&base, "--node-name", None), "--node-name is required");
-    assert_refused(&with(&base, "--server-addr", None), "--server-addr is required");
+    assert_refused(
+        &with(&base, "--server-addr", None),
+        "--server-addr is required",
+    );
     assert_refused(
         &with(&base, "--server-addr", Some("http://127.0.0.1:6443")),
         "must use https",
@@ -69,7 +82,11 @@ async fn bad_certificate_files_exit_2_naming_the_file() {
     let dir = cluster.dir.path();
 
     assert_refused(
-        &with(&base, "--kubelet-client-certificate", Some("/nonexistent/kubelet.pem")),
+        &with(
+            &base,
+            "--kubelet-client-certificate",
+            Some("/nonexistent/kubelet.pem"),
+        ),
         "cannot read /nonexistent/kubelet.pem",
     );
 
@@ -79,7 +96,11 @@ async fn bad_certificate_files_exit_2_naming_the_file() {
     let mismatched = dir.join("mismatched.pem");
     std::fs::write(&mismatched, format!("{}{}", a.cert_pem, b.key_pem)).unwrap();
     assert_refused(
-        &with(&base, "--kubelet-client-certificate", Some(mismatched.to_str().unwrap())),
+        &with(
+            &base,
+            "--kubelet-client-certificate",
+            Some(mismatched.to_str().unwrap()),
+        ),
         "mismatched.pem",
     );
 

@@ -17,9 +17,18 @@ fn kubeadm_tree(root: &Path, ca_pem: &str) {
     let files = [
         ("var/lib/kubelet/kubeadm-flags.env", KUBEADM_FLAGS),
         ("etc/kubernetes/pki/ca.crt", ca_pem),
-        ("etc/kubernetes/kubelet.conf", "apiVersion: v1\nkind: Config\n"),
-        ("etc/kubernetes/manifests/kube-proxy-placeholder.yaml", "# not a real manifest\n"),
-        ("var/lib/kubelet/pki/kubelet-client-current.pem", "placeholder\n"),
+        (
+            "etc/kubernetes/kubelet.conf",
+            "apiVersion: v1\nkind: Config\n",
+        ),
+        (
+            "etc/kubernetes/manifests/kube-proxy-placeholder.yaml",
+            "# not a real manifest\n",
+        ),
+        (
+            "var/lib/kubelet/pki/kubelet-client-current.pem",
+            "placeholder\n",
+        ),
     ];
     for (rel, content) in files {
         let path = root.join(rel);
@@ -75,38 +84,74 @@ async fn convert_uses_the_hub_then_revert_restores_every_byte() {
     let mut dry = convert_args.clone();
     dry.push("--dry-run".into());
     let out = node_cmd(&dry);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("+++"), "dry-run prints a diff");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("+++"),
+        "dry-run prints a diff"
+    );
     assert_eq!(snapshot(&root), before, "dry-run changed the tree");
 
     let out = node_cmd(&convert_args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let flags = std::fs::read_to_string(root.join("var/lib/kubelet/kubeadm-flags.env")).unwrap();
     assert!(flags.contains("--kubeconfig=/var/lib/openyurt/kubelet.conf --bootstrap-kubeconfig="));
-    let manifest = std::fs::read_to_string(root.join("etc/kubernetes/manifests/outpost.yaml")).unwrap();
+    let manifest =
+        std::fs::read_to_string(root.join("etc/kubernetes/manifests/outpost.yaml")).unwrap();
     assert!(manifest.contains(&format!("--node-name={NODE}")));
     let after_convert = snapshot(&root);
     let again = node_cmd(&convert_args);
     assert!(again.status.success());
-    assert_eq!(snapshot(&root), after_convert, "a second convert changed something");
+    assert_eq!(
+        snapshot(&root),
+        after_convert,
+        "a second convert changed something"
+    );
 
     // The kubeconfig written for kubelet has no credentials; through the hub it still works,
     // because the hub presents the node's certificate upstream.
     let kubelet_conf = root.join("var/lib/openyurt/kubelet.conf");
     let hub_server = format!("--server={}", hub.proxy_url());
     let name = assert_ok(
-        &kubectl(&kubelet_conf, &[&hub_server, "get", "node", NODE, "-o", "jsonpath={.metadata.name}"]),
+        &kubectl(
+            &kubelet_conf,
+            &[
+                &hub_server,
+                "get",
+                "node",
+                NODE,
+                "-o",
+                "jsonpath={.metadata.name}",
+            ],
+        ),
         "kubectl with kubelet.conf through the hub",
     );
     assert_eq!(name, NODE);
 
     let out = node_cmd(&["revert".into(), format!("--root={}", root.display())]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!kubelet_conf.exists(), "revert must remove the kubelet.conf it wrote");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !kubelet_conf.exists(),
+        "revert must remove the kubelet.conf it wrote"
+    );
     // kubectl's --cache-dir lives beside the kubeconfig; it is the test's, not convert's.
     let mut after = snapshot(&root);
     after.retain(|p, _| !p.starts_with("var/lib/openyurt"));
-    assert_eq!(after, before, "revert did not restore the tree byte for byte");
+    assert_eq!(
+        after, before,
+        "revert did not restore the tree byte for byte"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,7 +46,10 @@ fn kube_client(hub: &HubProcess) -> kube::Client {
 async fn kube_rs_as_kubelet_through_the_hub() {
     let cluster = Cluster::start().await;
     cluster.fake.create("v1/pods", pod("mine-1", NODE)).unwrap();
-    cluster.fake.create("v1/pods", pod("elsewhere", "edge-2")).unwrap();
+    cluster
+        .fake
+        .create("v1/pods", pod("elsewhere", "edge-2"))
+        .unwrap();
     let hub = cluster.start_hub();
     let client = kube_client(&hub);
 
@@ -76,7 +79,9 @@ async fn kube_rs_as_kubelet_through_the_hub() {
         .timeout(20);
     let mut stream = pods.watch(&wp, "0").await.expect("watch").boxed();
     let first = next_event(&mut stream).await;
-    assert!(matches!(first, WatchEvent::Added(ref p) if p.metadata.name.as_deref() == Some("mine-1")));
+    assert!(
+        matches!(first, WatchEvent::Added(ref p) if p.metadata.name.as_deref() == Some("mine-1"))
+    );
     cluster.fake.create("v1/pods", pod("mine-2", NODE)).unwrap();
     let live = next_event(&mut stream).await;
     assert!(
@@ -92,7 +97,15 @@ async fn kube_rs_as_kubelet_through_the_hub() {
         .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("node status patch");
-    assert!(patched.status.unwrap().conditions.unwrap().iter().any(|c| c.type_ == "Ready"));
+    assert!(
+        patched
+            .status
+            .unwrap()
+            .conditions
+            .unwrap()
+            .iter()
+            .any(|c| c.type_ == "Ready")
+    );
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
     let mut lease = leases.get(NODE).await.expect("lease get");
     let spec = lease.spec.get_or_insert_with(Default::default);
@@ -136,12 +149,26 @@ async fn next_event(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_as_the_node_through_the_hub() {
     let cluster = Cluster::start().await;
-    cluster.fake.create("v1/pods", pod("kubectl-pod", NODE)).unwrap();
+    cluster
+        .fake
+        .create("v1/pods", pod("kubectl-pod", NODE))
+        .unwrap();
     let hub = cluster.start_hub();
     let kc = hub_kubeconfig(cluster.dir.path(), &hub);
 
     let out = assert_ok(
-        &kubectl(&kc, &["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}"), "-o", "name"]),
+        &kubectl(
+            &kc,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "--field-selector",
+                &format!("spec.nodeName={NODE}"),
+                "-o",
+                "name",
+            ],
+        ),
         "scoped pod list",
     );
     assert_eq!(out.trim(), "pod/kubectl-pod");
@@ -149,10 +176,16 @@ async fn kubectl_as_the_node_through_the_hub() {
     let denied = kubectl(&kc, &["get", "pods", "-A"]);
     assert!(!denied.status.success());
     let stderr = String::from_utf8_lossy(&denied.stderr);
-    assert!(stderr.contains("forbidden") || stderr.contains("Forbidden"), "{stderr}");
+    assert!(
+        stderr.contains("forbidden") || stderr.contains("Forbidden"),
+        "{stderr}"
+    );
 
     let lease = assert_ok(
-        &kubectl(&kc, &["get", "lease", "-n", "kube-node-lease", NODE, "-o", "json"]),
+        &kubectl(
+            &kc,
+            &["get", "lease", "-n", "kube-node-lease", NODE, "-o", "json"],
+        ),
         "lease get",
     );
     let lease: serde_json::Value = serde_json::from_str(&lease).unwrap();
@@ -167,8 +200,20 @@ async fn kubectl_as_the_node_through_the_hub() {
     assert_eq!(node["metadata"]["annotations"]["outpost.test/seen"], "yes");
 
     // Lease delete and re-create with the node's own identity.
-    assert_ok(&kubectl(&kc, &["delete", "lease", "-n", "kube-node-lease", NODE]), "lease delete");
-    assert!(cluster.fake.get("coordination.k8s.io/v1/leases", Some("kube-node-lease"), NODE).is_none());
+    assert_ok(
+        &kubectl(&kc, &["delete", "lease", "-n", "kube-node-lease", NODE]),
+        "lease delete",
+    );
+    assert!(
+        cluster
+            .fake
+            .get(
+                "coordination.k8s.io/v1/leases",
+                Some("kube-node-lease"),
+                NODE
+            )
+            .is_none()
+    );
     let manifest = cluster.dir.path().join("lease.json");
     std::fs::write(
         &manifest,
@@ -179,10 +224,27 @@ async fn kubectl_as_the_node_through_the_hub() {
     )
     .unwrap();
     assert_ok(
-        &kubectl(&kc, &["create", "--validate=false", "-f", manifest.to_str().unwrap()]),
+        &kubectl(
+            &kc,
+            &[
+                "create",
+                "--validate=false",
+                "-f",
+                manifest.to_str().unwrap(),
+            ],
+        ),
         "lease create",
     );
-    assert!(cluster.fake.get("coordination.k8s.io/v1/leases", Some("kube-node-lease"), NODE).is_some());
+    assert!(
+        cluster
+            .fake
+            .get(
+                "coordination.k8s.io/v1/leases",
+                Some("kube-node-lease"),
+                NODE
+            )
+            .is_some()
+    );
 }
 
 /// A caller with its own bearer token is forwarded with that token and without the node's
@@ -198,7 +260,12 @@ async fn bearer_token_callers_keep_their_own_identity() {
     .to_string();
     let base = "/api/v1/namespaces/default/configmaps";
     let created = bearer(&hub, "POST", base, "application/json", &cm).await;
-    assert_eq!(created.status, 201, "{:?}", String::from_utf8_lossy(&created.body));
+    assert_eq!(
+        created.status,
+        201,
+        "{:?}",
+        String::from_utf8_lossy(&created.body)
+    );
     let patched = bearer(
         &hub,
         "PATCH",
@@ -209,9 +276,21 @@ async fn bearer_token_callers_keep_their_own_identity() {
     .await;
     assert_eq!(patched.status, 200);
     assert_eq!(patched.json()["data"]["a"], "c");
-    let deleted = bearer(&hub, "DELETE", &format!("{base}/demo"), "application/json", "").await;
+    let deleted = bearer(
+        &hub,
+        "DELETE",
+        &format!("{base}/demo"),
+        "application/json",
+        "",
+    )
+    .await;
     assert_eq!(deleted.status, 200);
-    assert!(cluster.fake.get("v1/configmaps", Some("default"), "demo").is_none());
+    assert!(
+        cluster
+            .fake
+            .get("v1/configmaps", Some("default"), "demo")
+            .is_none()
+    );
 
     // The node itself may not write ConfigMaps: the same request without a token is refused.
     let as_node = raw_http(
@@ -263,8 +342,20 @@ async fn kubectl_watch_sees_events_as_they_happen() {
     let kc = hub_kubeconfig(cluster.dir.path(), &hub);
     let mut child = Command::new("kubectl")
         .arg(format!("--kubeconfig={}", kc.display()))
-        .arg(format!("--cache-dir={}", cluster.dir.path().join("kc-watch").display()))
-        .args(["get", "pods", "-A", "--field-selector", &format!("spec.nodeName={NODE}"), "-w", "-o", "name"])
+        .arg(format!(
+            "--cache-dir={}",
+            cluster.dir.path().join("kc-watch").display()
+        ))
+        .args([
+            "get",
+            "pods",
+            "-A",
+            "--field-selector",
+            &format!("spec.nodeName={NODE}"),
+            "-w",
+            "-o",
+            "name",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -279,9 +370,16 @@ async fn kubectl_watch_sees_events_as_they_happen() {
     });
     // Let the initial list+watch settle, then change the world upstream.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cluster.fake.create("v1/pods", pod("watched", NODE)).unwrap();
+    cluster
+        .fake
+        .create("v1/pods", pod("watched", NODE))
+        .unwrap();
     let seen = eventually(Duration::from_secs(15), || {
-        lines.lock().unwrap().iter().any(|l| l.trim() == "pod/watched")
+        lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.trim() == "pod/watched")
     })
     .await;
     let _ = child.kill();
@@ -304,7 +402,12 @@ async fn upstream_failures_become_status_bodies() {
     assert_status(&down, 503, "ServiceUnavailable");
     cluster.fake.restore().await;
     let back = get(hub.proxy, &node_path, KUBELET_UA).await;
-    assert_eq!(back.status, 200, "{:?}", String::from_utf8_lossy(&back.body));
+    assert_eq!(
+        back.status,
+        200,
+        "{:?}",
+        String::from_utf8_lossy(&back.body)
+    );
 
     cluster.fake.blackhole();
     let slow = get(hub.proxy, &format!("{node_path}?timeout=1s"), KUBELET_UA).await;
@@ -326,7 +429,12 @@ async fn upstream_failures_become_status_bodies() {
 }
 
 fn assert_status(resp: &support::RawResponse, code: u16, reason: &str) {
-    assert_eq!(resp.status, code, "{:?}", String::from_utf8_lossy(&resp.body));
+    assert_eq!(
+        resp.status,
+        code,
+        "{:?}",
+        String::from_utf8_lossy(&resp.body)
+    );
     assert_eq!(resp.header("content-type"), Some("application/json"));
     let body = resp.json();
     assert_eq!(body["kind"], "Status");
@@ -351,7 +459,11 @@ async fn malformed_requests_get_400_and_never_reach_upstream() {
         let resp = get(hub.proxy, path, KUBELET_UA).await;
         assert_status(&resp, 400, "BadRequest");
     }
-    assert!(cluster.fake.requests().is_empty(), "{:?}", cluster.fake.requests());
+    assert!(
+        cluster.fake.requests().is_empty(),
+        "{:?}",
+        cluster.fake.requests()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,9 +471,8 @@ async fn cut_watch_streams_end_instead_of_hanging() {
     let cluster = Cluster::start().await;
     cluster.fake.create("v1/pods", pod("p", NODE)).unwrap();
     let hub = cluster.start_hub();
-    let path = format!(
-        "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE}&timeoutSeconds=60"
-    );
+    let path =
+        format!("/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE}&timeoutSeconds=60");
     let req = format!(
         "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nConnection: close\r\n\r\n"
     );
@@ -377,10 +488,16 @@ async fn cut_watch_streams_end_instead_of_hanging() {
     cluster.fake.cut_watches();
     let mut rest = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
-    assert!(ended.is_ok(), "the client stream must end when upstream cuts it");
+    assert!(
+        ended.is_ok(),
+        "the client stream must end when upstream cuts it"
+    );
     // A cut stream must not look like a clean end: no terminating zero-length chunk.
     let tail = String::from_utf8_lossy(&rest);
-    assert!(!tail.ends_with("0\r\n\r\n"), "cut stream ended cleanly: {tail:?}");
+    assert!(
+        !tail.ends_with("0\r\n\r\n"),
+        "cut stream ended cleanly: {tail:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,7 +507,10 @@ async fn admin_endpoints() {
     let _ = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), KUBELET_UA).await;
 
     let health = get(hub.admin, "/v1/healthz", "probe").await;
-    assert_eq!((health.status, health.body.as_slice()), (200, b"OK".as_slice()));
+    assert_eq!(
+        (health.status, health.body.as_slice()),
+        (200, b"OK".as_slice())
+    );
     let ready = get(hub.admin, "/v1/readyz", "probe").await;
     assert_eq!(ready.status, 200);
     assert!(String::from_utf8_lossy(&ready.body).contains("[+]certificate ok"));
@@ -422,7 +542,10 @@ async fn upgrade_requests_are_tunnelled_both_ways() {
     stream.write_all(req.as_bytes()).await.unwrap();
     let head = read_head(&mut stream).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("upgrade: spdy/3.1"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
+        "{head}"
+    );
     for msg in [&b"ping"[..], &b"second frame"[..]] {
         stream.write_all(msg).await.unwrap();
         let mut echoed = vec![0u8; msg.len()];
@@ -515,7 +638,10 @@ async fn kubectl_reaches_an_apiserver_that_demands_client_certificates() {
     let hub = cluster.start_hub();
     let kc = hub_kubeconfig(cluster.dir.path(), &hub);
     let node = assert_ok(
-        &kubectl(&kc, &["get", "node", NODE, "-o", "jsonpath={.metadata.name}"]),
+        &kubectl(
+            &kc,
+            &["get", "node", NODE, "-o", "jsonpath={.metadata.name}"],
+        ),
         "get node through the hub",
     );
     assert_eq!(node, NODE);
@@ -533,5 +659,8 @@ async fn kubectl_reaches_an_apiserver_that_demands_client_certificates() {
     )
     .unwrap();
     let refused = kubectl(&direct, &["get", "node", NODE]);
-    assert!(!refused.status.success(), "direct access without a certificate must fail");
+    assert!(
+        !refused.status.success(),
+        "direct access without a certificate must fail"
+    );
 }

@@ -36,7 +36,9 @@ impl Cluster {
     }
 
     pub async fn start_with(config: FakeConfig) -> Cluster {
-        let fake = FakeApiServer::start(config).await.expect("fake apiserver starts");
+        let fake = FakeApiServer::start(config)
+            .await
+            .expect("fake apiserver starts");
         fake.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
         let dir = tempfile::tempdir().expect("tempdir");
         let node_files = fake
@@ -113,7 +115,10 @@ impl HubProcess {
             Ok(line) => line,
             Err(_) => {
                 let _ = child.kill();
-                panic!("hub did not start; log:\n{}", log.lock().unwrap().join("\n"));
+                panic!(
+                    "hub did not start; log:\n{}",
+                    log.lock().unwrap().join("\n")
+                );
             }
         };
         HubProcess {
@@ -161,7 +166,9 @@ fn field_addr(line: &str, key: &str) -> SocketAddr {
         .chars()
         .take_while(|c| !c.is_whitespace())
         .collect();
-    value.parse().unwrap_or_else(|_| panic!("address in {line}"))
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("address in {line}"))
 }
 
 /// A kubeconfig for the hub: `http://` server and no credentials, like the node's kubelet.conf.

@@ -89,9 +89,9 @@ impl UpstreamTls {
         let identity = identity_info(client_pem, &chain[0])?;
         let builder = ClientConfig::builder().with_root_certificates(roots);
         let without_identity = builder.clone().with_no_client_auth();
-        let with_identity = builder
-            .with_client_auth_cert(chain, key)
-            .map_err(|e| CertError::invalid(client_pem, format!("unusable certificate/key: {e}")))?;
+        let with_identity = builder.with_client_auth_cert(chain, key).map_err(|e| {
+            CertError::invalid(client_pem, format!("unusable certificate/key: {e}"))
+        })?;
         Ok(UpstreamTls {
             with_identity: Arc::new(with_identity),
             without_identity: Arc::new(without_identity),
@@ -125,9 +125,9 @@ fn load_roots(ca_file: &Path) -> Result<RootCertStore, CertError> {
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| CertError::invalid(ca_file, format!("bad PEM: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| CertError::invalid(ca_file, format!("not a usable CA certificate: {e}")))?;
+        roots.add(cert).map_err(|e| {
+            CertError::invalid(ca_file, format!("not a usable CA certificate: {e}"))
+        })?;
     }
     if roots.is_empty() {
         return Err(CertError::invalid(ca_file, "no CERTIFICATE block found"));
@@ -201,7 +201,11 @@ mod tests {
         let a = pki.client("a", &[]).unwrap();
         let b = pki.client("b", &[]).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let pem = write(dir.path(), "client.pem", &format!("{}{}", a.cert_pem, b.key_pem));
+        let pem = write(
+            dir.path(),
+            "client.pem",
+            &format!("{}{}", a.cert_pem, b.key_pem),
+        );
         let ca = write(dir.path(), "ca.crt", &pki.ca_pem);
         let err = UpstreamTls::load(&pem, &ca).unwrap_err().to_string();
         assert!(err.contains("client.pem"), "{err}");
@@ -221,18 +225,26 @@ mod tests {
         let err = UpstreamTls::load(&dir.path().join("absent.pem"), &ca)
             .unwrap_err()
             .to_string();
-        assert!(err.starts_with("cannot read") && err.contains("absent.pem"), "{err}");
+        assert!(
+            err.starts_with("cannot read") && err.contains("absent.pem"),
+            "{err}"
+        );
 
         let garbage = write(dir.path(), "garbage.crt", "not a pem\n");
         let pem = write(dir.path(), "ok.pem", &a.combined_pem());
         let err = UpstreamTls::load(&pem, &garbage).unwrap_err().to_string();
-        assert!(err.contains("garbage.crt") && err.contains("no CERTIFICATE"), "{err}");
+        assert!(
+            err.contains("garbage.crt") && err.contains("no CERTIFICATE"),
+            "{err}"
+        );
     }
 
     #[test]
     fn expired_certificate_is_loaded_but_reported() {
         let pki = TestPki::new().unwrap();
-        let old = pki.expired_client("system:node:x", &["system:nodes"]).unwrap();
+        let old = pki
+            .expired_client("system:node:x", &["system:nodes"])
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let pem = write(dir.path(), "old.pem", &old.combined_pem());
         let ca = write(dir.path(), "ca.crt", &pki.ca_pem);

@@ -30,7 +30,7 @@ pub enum Command {
     /// Switch this node's kubelet to Outpost (convert), or back (revert).
     Node {
         #[command(subcommand)]
-        command: NodeCommand,
+        command: Box<NodeCommand>,
     },
 }
 
@@ -103,7 +103,10 @@ pub struct HubFlags {
     #[arg(long, value_enum, default_value = "token")]
     pub bootstrap_mode: BootstrapMode,
     /// kubeletcertificate mode: kubelet's client certificate and key, in one PEM file.
-    #[arg(long, default_value = "/var/lib/kubelet/pki/kubelet-client-current.pem")]
+    #[arg(
+        long,
+        default_value = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+    )]
     pub kubelet_client_certificate: PathBuf,
     /// kubeletcertificate mode: the cluster CA that signs the apiserver's certificate.
     #[arg(long, default_value = "/etc/kubernetes/pki/ca.crt")]
@@ -271,7 +274,10 @@ mod tests {
     #[test]
     fn validation_errors_name_the_flag() {
         let no_node = parse(&["--server-addr=a:1", "--bootstrap-mode=kubeletcertificate"]).unwrap();
-        assert_eq!(no_node.hub.validate().unwrap_err(), "--node-name is required");
+        assert_eq!(
+            no_node.hub.validate().unwrap_err(),
+            "--node-name is required"
+        );
         let http = parse(&[
             "--server-addr=http://a:1",
             "--node-name=n",
@@ -281,14 +287,23 @@ mod tests {
         .unwrap();
         assert!(http.hub.validate().unwrap_err().contains("must use https"));
         let token = parse(&["--server-addr=a:1", "--node-name=n", "--nodepool-name=p"]).unwrap();
-        assert!(token.hub.validate().unwrap_err().contains("token is not supported yet"));
+        assert!(
+            token
+                .hub
+                .validate()
+                .unwrap_err()
+                .contains("token is not supported yet")
+        );
         let no_pool = parse(&[
             "--server-addr=a:1",
             "--node-name=n",
             "--bootstrap-mode=kubeletcertificate",
         ])
         .unwrap();
-        assert_eq!(no_pool.hub.validate().unwrap_err(), "--nodepool-name is required");
+        assert_eq!(
+            no_pool.hub.validate().unwrap_err(),
+            "--nodepool-name is required"
+        );
     }
 
     #[test]

@@ -23,7 +23,10 @@ const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/outpost-demo"
 
 pub fn main() -> ExitCode {
     crate::run::init_tracing_with("warn");
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("outpost: error: cannot start the async runtime: {e}");
@@ -111,9 +114,15 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
     for p in &list.items {
         println!("    pod {}", p.metadata.name.as_deref().unwrap_or("?"));
     }
-    ensure!(list.items.len() == 2, "expected 2 pods, got {}", list.items.len());
+    ensure!(
+        list.items.len() == 2,
+        "expected 2 pods, got {}",
+        list.items.len()
+    );
 
-    step("an unscoped pod list is refused by the node authorizer, and the 403 Status comes through");
+    step(
+        "an unscoped pod list is refused by the node authorizer, and the 403 Status comes through",
+    );
     match pods.list(&ListParams::default()).await {
         Err(kube::Error::Api(s)) => println!("    {} {}: {}", s.code, s.reason, s.message),
         other => bail!("expected a 403, got {other:?}"),
@@ -123,7 +132,10 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
     let wp = WatchParams::default()
         .fields(&format!("spec.nodeName={NODE}"))
         .timeout(15);
-    let mut stream = pods.watch(&wp, &list.metadata.resource_version.unwrap_or_default()).await?.boxed();
+    let mut stream = pods
+        .watch(&wp, &list.metadata.resource_version.unwrap_or_default())
+        .await?
+        .boxed();
     fake.create("v1/pods", demo_pod("web-2"))
         .map_err(|s| anyhow::anyhow!("create web-2: {}", s.message))?;
     let event = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
@@ -160,7 +172,10 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
     let log = fake.requests();
     let api: Vec<_> = log.iter().filter(|r| r.path.starts_with("/api")).collect();
     for r in &api {
-        println!("    {:<6} {:<55} {} as {}", r.method, r.path, r.status, r.user);
+        println!(
+            "    {:<6} {:<55} {} as {}",
+            r.method, r.path, r.status, r.user
+        );
     }
     ensure!(
         api.iter().all(|r| r.user == format!("system:node:{NODE}")),

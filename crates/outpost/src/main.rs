@@ -23,7 +23,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Some(cli::Command::Demo) => demo::main(),
-        Some(cli::Command::Node { command }) => node(command),
+        Some(cli::Command::Node { command }) => node(*command),
         None => run::hub(&cli.hub),
     }
 }

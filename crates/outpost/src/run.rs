@@ -32,8 +32,8 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
     if v.working_mode == WorkingMode::Edge {
         create_dir(&v.disk_cache_path, "--disk-cache-path")?;
     }
-    let tls = UpstreamTls::load(&v.client_pem, &v.ca_file)
-        .map_err(|e| StartupError(e.to_string()))?;
+    let tls =
+        UpstreamTls::load(&v.client_pem, &v.ca_file).map_err(|e| StartupError(e.to_string()))?;
     if tls.identity.is_expired_at(SystemTime::now()) {
         warn!(path = %v.client_pem.display(), "client certificate has expired; readyz will fail");
     }
@@ -59,13 +59,15 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
 }
 
 fn create_dir(path: &Path, flag: &str) -> Result<(), StartupError> {
-    std::fs::create_dir_all(path).map_err(|e| {
-        StartupError(format!("{flag}: cannot create {}: {e}", path.display()))
-    })
+    std::fs::create_dir_all(path)
+        .map_err(|e| StartupError(format!("{flag}: cannot create {}: {e}", path.display())))
 }
 
 fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("outpost: error: cannot start the async runtime: {e}");

@@ -68,10 +68,10 @@ impl Admin {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
-        let verbose = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+        let verbose = req.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p == "verbose" || p.starts_with("verbose="))
+        });
         match req.uri().path() {
             "/v1/healthz" => text(StatusCode::OK, "OK"),
             "/v1/readyz" => self.readyz(verbose),

@@ -13,7 +13,9 @@ pub type ProxyBody = BoxBody<Bytes, BoxError>;
 
 /// A complete body from bytes we produced ourselves.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// An upstream (or client) body, streamed frame by frame.

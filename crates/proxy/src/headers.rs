@@ -90,7 +90,11 @@ mod tests {
 
     #[test]
     fn keeps_the_upgrade_pair_for_tunnels() {
-        let mut h = map(&[("connection", "Upgrade"), ("upgrade", "SPDY/3.1"), ("te", "trailers")]);
+        let mut h = map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "SPDY/3.1"),
+            ("te", "trailers"),
+        ]);
         assert!(is_upgrade_request(&h));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h.get("upgrade").unwrap(), "SPDY/3.1");

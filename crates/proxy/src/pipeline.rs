@@ -130,7 +130,12 @@ impl Pipeline {
         );
         self.metrics
             .requests
-            .with_label_values(&[component.as_str(), verb, resource.as_str(), &code.to_string()])
+            .with_label_values(&[
+                component.as_str(),
+                verb,
+                resource.as_str(),
+                &code.to_string(),
+            ])
             .inc();
         self.metrics
             .latency

@@ -16,8 +16,8 @@ use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use crate::body::ProxyBody;
@@ -56,7 +56,10 @@ where
     })
     .await;
     if drained.is_err() {
-        debug!(open = connections.len(), "grace period over; closing remaining connections");
+        debug!(
+            open = connections.len(),
+            "grace period over; closing remaining connections"
+        );
     }
     connections.shutdown().await;
 }

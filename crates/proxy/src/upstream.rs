@@ -76,7 +76,10 @@ impl Server {
     pub fn label(&self) -> String {
         format!(
             "https://{}",
-            self.base.authority().map(|a| a.as_str()).unwrap_or_default()
+            self.base
+                .authority()
+                .map(|a| a.as_str())
+                .unwrap_or_default()
         )
     }
 
@@ -217,10 +220,7 @@ fn https_client(config: &UpstreamConfig, identity: Identity) -> HttpsClient {
 }
 
 /// Sorts a client error into unreachable (connect/TLS) or bad reply (anything after).
-fn classify_client_error(
-    server: &Server,
-    err: &hyper_util::client::legacy::Error,
-) -> ProxyError {
+fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Error) -> ProxyError {
     let cause = error_chain(err);
     if err.is_connect() {
         ProxyError::Unreachable {
@@ -264,7 +264,11 @@ mod tests {
             Server::parse("https://api.example:6443/").unwrap().label(),
             "https://api.example:6443"
         );
-        assert!(Server::parse("http://10.0.0.1:6443").unwrap_err().contains("must use https"));
+        assert!(
+            Server::parse("http://10.0.0.1:6443")
+                .unwrap_err()
+                .contains("must use https")
+        );
         assert!(Server::parse("").is_err());
         assert!(Server::parse("https://h:1/prefix").is_err());
     }
@@ -273,6 +277,9 @@ mod tests {
     fn uri_keeps_path_and_query() {
         let s = Server::parse("127.0.0.1:1").unwrap();
         let uri = s.uri_for("/api/v1/pods?watch=true").unwrap();
-        assert_eq!(uri.to_string(), "https://127.0.0.1:1/api/v1/pods?watch=true");
+        assert_eq!(
+            uri.to_string(),
+            "https://127.0.0.1:1/api/v1/pods?watch=true"
+        );
     }
 }

@@ -190,7 +190,10 @@ async fn request_crosses_the_hop_cleanly() {
         "/api/v1/namespaces/default/pods/p/status?fieldManager=kubelet"
     );
     assert_eq!(echo["body"], body);
-    assert_eq!(echo["client_cert"], true, "the node certificate is presented");
+    assert_eq!(
+        echo["client_cert"], true,
+        "the node certificate is presented"
+    );
     let h = echo["headers"].as_object().unwrap();
     assert_eq!(h["host"], upstream.to_string(), "Host names the upstream");
     assert_eq!(h["user-agent"], "kubelet/v1.32.4");
@@ -220,7 +223,9 @@ async fn streamed_bodies_are_not_buffered() {
     let pki = TestPki::new().unwrap();
     let upstream = echo_upstream(&pki).await;
     let (hub, _dir) = hub_for(upstream, &pki).await;
-    let mut s = tokio::net::TcpStream::connect(hub.proxy_addr()).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(hub.proxy_addr())
+        .await
+        .unwrap();
     s.write_all(b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
@@ -248,7 +253,9 @@ async fn upgrades_splice_both_directions() {
     let pki = TestPki::new().unwrap();
     let upstream = echo_upstream(&pki).await;
     let (hub, _dir) = hub_for(upstream, &pki).await;
-    let mut s = tokio::net::TcpStream::connect(hub.proxy_addr()).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(hub.proxy_addr())
+        .await
+        .unwrap();
     s.write_all(
         b"POST /api/v1/namespaces/default/pods/p/portforward HTTP/1.1\r\nHost: x\r\n\
           Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n",

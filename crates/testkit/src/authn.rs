@@ -78,7 +78,8 @@ impl ClientCertVerifier for RequestLevelVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         if self.mandatory {
-            self.inner.verify_client_cert(end_entity, intermediates, now)
+            self.inner
+                .verify_client_cert(end_entity, intermediates, now)
         } else {
             Ok(ClientCertVerified::assertion())
         }
@@ -155,7 +156,7 @@ impl Authenticator {
         peer_certs: Option<&[CertificateDer<'static>]>,
         authorization: Option<&str>,
     ) -> Result<UserInfo, Status> {
-        if let Some(user) = peer_certs.and_then(|certs| self.from_certificate(certs)) {
+        if let Some(user) = peer_certs.and_then(|certs| self.certificate_user(certs)) {
             return Ok(user);
         }
         if let Some(token) = authorization.and_then(bearer_token) {
@@ -167,7 +168,7 @@ impl Authenticator {
         Ok(UserInfo::anonymous())
     }
 
-    fn from_certificate(&self, certs: &[CertificateDer<'static>]) -> Option<UserInfo> {
+    fn certificate_user(&self, certs: &[CertificateDer<'static>]) -> Option<UserInfo> {
         let (leaf, intermediates) = certs.split_first()?;
         self.chain_verifier
             .verify_client_cert(leaf, intermediates, UnixTime::now())
@@ -234,10 +235,15 @@ mod tests {
         let pki = TestPki::new().unwrap();
         let auth = authenticator(&pki);
         let expired = pki.expired_client("alice", &[]).unwrap();
-        let err = auth.authenticate(Some(&der(&expired.cert_pem)), None).unwrap_err();
+        let err = auth
+            .authenticate(Some(&der(&expired.cert_pem)), None)
+            .unwrap_err();
         assert_eq!(err.code, 401);
         let other = TestPki::new().unwrap().client("mallory", &[]).unwrap();
-        assert!(auth.authenticate(Some(&der(&other.cert_pem)), None).is_err());
+        assert!(
+            auth.authenticate(Some(&der(&other.cert_pem)), None)
+                .is_err()
+        );
     }
 
     #[test]
@@ -248,8 +254,17 @@ mod tests {
         let bob = auth.authenticate(None, Some("Bearer t0k")).unwrap();
         assert_eq!(bob.name, "bob");
         assert!(bob.in_group("system:authenticated"));
-        assert_eq!(auth.authenticate(None, Some("bearer nope")).unwrap_err().code, 401);
+        assert_eq!(
+            auth.authenticate(None, Some("bearer nope"))
+                .unwrap_err()
+                .code,
+            401
+        );
         assert!(auth.authenticate(None, None).unwrap().is_anonymous());
-        assert!(auth.authenticate(None, Some("Basic Zm9vOmJhcg==")).unwrap().is_anonymous());
+        assert!(
+            auth.authenticate(None, Some("Basic Zm9vOmJhcg=="))
+                .unwrap()
+                .is_anonymous()
+        );
     }
 }

@@ -169,7 +169,9 @@ fn create_token(node: &str, a: &Attributes<'_>, graph: &dyn NodeGraph) -> Decisi
 
 fn lease(node: &str, a: &Attributes<'_>) -> Decision {
     if !matches!(a.verb, "get" | "create" | "update" | "patch" | "delete") {
-        return Decision::Deny("can only get, create, update, patch, or delete a node lease".into());
+        return Decision::Deny(
+            "can only get, create, update, patch, or delete a node lease".into(),
+        );
     }
     if a.namespace != "kube-node-lease" {
         return Decision::Deny(
@@ -274,7 +276,11 @@ pub fn node_restriction(
         .and_then(|b| b.pointer("/metadata/name"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let target = if attrs.name.is_empty() { body_name } else { attrs.name };
+    let target = if attrs.name.is_empty() {
+        body_name
+    } else {
+        attrs.name
+    };
     match (attrs.api_group, attrs.resource, attrs.subresource, attrs.verb) {
         ("", "nodes", _, "create" | "update" | "patch") if target != node => {
             Some(format!("node \"{node}\" is not allowed to modify node \"{target}\""))
@@ -309,7 +315,8 @@ fn mirror_pod_violation(node: &str, body: Option<&Value>) -> Option<String> {
         ));
     }
     let bound = body.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node);
-    (!bound).then(|| format!("node \"{node}\" can only create pods with spec.nodeName set to itself"))
+    (!bound)
+        .then(|| format!("node \"{node}\" can only create pods with spec.nodeName set to itself"))
 }
 
 /// The 403 `responsewriters.Forbidden` writes, e.g. `pods is forbidden: User "x" cannot list
@@ -331,7 +338,10 @@ pub fn forbidden(attrs: &Attributes<'_>, reason: &str) -> Status {
             attrs.verb, attrs.api_group
         )
     } else {
-        format!("User \"{user}\" cannot {} path \"{}\"", attrs.verb, attrs.path)
+        format!(
+            "User \"{user}\" cannot {} path \"{}\"",
+            attrs.verb, attrs.path
+        )
     };
     if !reason.is_empty() {
         msg = format!("{msg}: {reason}");
@@ -398,7 +408,12 @@ mod tests {
         fields: Option<FieldSelector>,
     }
 
-    fn req(verb: &'static str, resource: &'static str, ns: &'static str, name: &'static str) -> Req {
+    fn req(
+        verb: &'static str,
+        resource: &'static str,
+        ns: &'static str,
+        name: &'static str,
+    ) -> Req {
         Req {
             verb,
             group: "",
@@ -445,11 +460,27 @@ mod tests {
 
     #[test]
     fn node_pod_list_needs_own_node_selector() {
-        assert!(req("list", "pods", "", "").fields("spec.nodeName=edge-1").allowed_for_edge1());
-        assert!(req("watch", "pods", "", "").fields("spec.nodeName==edge-1").allowed_for_edge1());
+        assert!(
+            req("list", "pods", "", "")
+                .fields("spec.nodeName=edge-1")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("watch", "pods", "", "")
+                .fields("spec.nodeName==edge-1")
+                .allowed_for_edge1()
+        );
         assert!(!req("list", "pods", "", "").allowed_for_edge1());
-        assert!(!req("list", "pods", "", "").fields("spec.nodeName=edge-2").allowed_for_edge1());
-        assert!(!req("list", "pods", "", "").fields("spec.nodeName!=edge-1").allowed_for_edge1());
+        assert!(
+            !req("list", "pods", "", "")
+                .fields("spec.nodeName=edge-2")
+                .allowed_for_edge1()
+        );
+        assert!(
+            !req("list", "pods", "", "")
+                .fields("spec.nodeName!=edge-1")
+                .allowed_for_edge1()
+        );
         let d = req("list", "pods", "", "").decide_for(&node_user("edge-1"));
         assert_eq!(
             d,
@@ -461,9 +492,17 @@ mod tests {
     fn node_pod_get_and_status_only_for_bound_pods() {
         assert!(req("get", "pods", "default", "web").allowed_for_edge1());
         assert!(!req("get", "pods", "default", "other").allowed_for_edge1());
-        assert!(req("patch", "pods", "default", "web").sub("status").allowed_for_edge1());
+        assert!(
+            req("patch", "pods", "default", "web")
+                .sub("status")
+                .allowed_for_edge1()
+        );
         assert!(!req("update", "pods", "default", "web").allowed_for_edge1());
-        assert!(!req("get", "pods", "default", "web").sub("log").allowed_for_edge1());
+        assert!(
+            !req("get", "pods", "default", "web")
+                .sub("log")
+                .allowed_for_edge1()
+        );
     }
 
     #[test]
@@ -472,7 +511,11 @@ mod tests {
         assert!(req("watch", "nodes", "", "edge-1").allowed_for_edge1());
         assert!(!req("get", "nodes", "", "edge-2").allowed_for_edge1());
         assert!(!req("list", "nodes", "", "").allowed_for_edge1());
-        assert!(req("patch", "nodes", "", "edge-1").sub("status").allowed_for_edge1());
+        assert!(
+            req("patch", "nodes", "", "edge-1")
+                .sub("status")
+                .allowed_for_edge1()
+        );
         assert!(!req("delete", "nodes", "", "edge-1").allowed_for_edge1());
     }
 
@@ -498,7 +541,11 @@ mod tests {
         assert!(!req("get", "secrets", "kube-system", "sec").allowed_for_edge1());
         assert!(req("get", "persistentvolumeclaims", "default", "data").allowed_for_edge1());
         assert!(!req("list", "persistentvolumeclaims", "default", "data").allowed_for_edge1());
-        assert!(!req("get", "configmaps", "default", "cfg").decide_for(&node_user("edge-2")).eq(&Decision::Allow));
+        assert!(
+            !req("get", "configmaps", "default", "cfg")
+                .decide_for(&node_user("edge-2"))
+                .eq(&Decision::Allow)
+        );
     }
 
     #[test]
@@ -508,16 +555,56 @@ mod tests {
         assert!(!req("list", "endpoints", "default", "").allowed_for_edge1());
         assert!(req("create", "events", "default", "").allowed_for_edge1());
         assert!(!req("delete", "events", "default", "e").allowed_for_edge1());
-        assert!(req("create", "serviceaccounts", "default", "app").sub("token").allowed_for_edge1());
-        assert!(!req("create", "serviceaccounts", "default", "other").sub("token").allowed_for_edge1());
-        assert!(req("list", "csidrivers", "", "").group("storage.k8s.io").allowed_for_edge1());
-        assert!(req("get", "csinodes", "", "edge-1").group("storage.k8s.io").allowed_for_edge1());
-        assert!(!req("get", "csinodes", "", "edge-2").group("storage.k8s.io").allowed_for_edge1());
-        assert!(req("watch", "runtimeclasses", "", "").group("node.k8s.io").allowed_for_edge1());
-        assert!(req("create", "certificatesigningrequests", "", "").group("certificates.k8s.io").allowed_for_edge1());
-        assert!(req("create", "tokenreviews", "", "").group("authentication.k8s.io").allowed_for_edge1());
-        assert!(req("create", "subjectaccessreviews", "", "").group("authorization.k8s.io").allowed_for_edge1());
-        assert!(!req("list", "deployments", "", "").group("apps").allowed_for_edge1());
+        assert!(
+            req("create", "serviceaccounts", "default", "app")
+                .sub("token")
+                .allowed_for_edge1()
+        );
+        assert!(
+            !req("create", "serviceaccounts", "default", "other")
+                .sub("token")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("list", "csidrivers", "", "")
+                .group("storage.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("get", "csinodes", "", "edge-1")
+                .group("storage.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            !req("get", "csinodes", "", "edge-2")
+                .group("storage.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("watch", "runtimeclasses", "", "")
+                .group("node.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("create", "certificatesigningrequests", "", "")
+                .group("certificates.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("create", "tokenreviews", "", "")
+                .group("authentication.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            req("create", "subjectaccessreviews", "", "")
+                .group("authorization.k8s.io")
+                .allowed_for_edge1()
+        );
+        assert!(
+            !req("list", "deployments", "", "")
+                .group("apps")
+                .allowed_for_edge1()
+        );
         assert!(!req("list", "namespaces", "", "").allowed_for_edge1());
     }
 
@@ -527,15 +614,24 @@ mod tests {
             name: "kubernetes-admin".into(),
             groups: vec!["system:masters".into()],
         };
-        assert_eq!(req("delete", "nodes", "", "x").decide_for(&admin), Decision::Allow);
+        assert_eq!(
+            req("delete", "nodes", "", "x").decide_for(&admin),
+            Decision::Allow
+        );
         // The node name prefix without the group is not a node identity.
         let impostor = UserInfo {
             name: "system:node:edge-1".into(),
             groups: vec!["system:authenticated".into()],
         };
-        assert_eq!(req("list", "pods", "", "").decide_for(&impostor), Decision::Allow);
+        assert_eq!(
+            req("list", "pods", "", "").decide_for(&impostor),
+            Decision::Allow
+        );
         let anon = UserInfo::anonymous();
-        assert_eq!(req("list", "pods", "default", "").decide_for(&anon), Decision::Deny(String::new()));
+        assert_eq!(
+            req("list", "pods", "default", "").decide_for(&anon),
+            Decision::Deny(String::new())
+        );
     }
 
     #[test]
@@ -595,7 +691,10 @@ mod tests {
             name: "edge-2",
             ..attrs
         };
-        let s = forbidden(&lease, "can only access node lease with the same name as the requesting node");
+        let s = forbidden(
+            &lease,
+            "can only access node lease with the same name as the requesting node",
+        );
         assert!(s.message.starts_with("leases.coordination.k8s.io \"edge-2\" is forbidden: User \"system:node:edge-1\" cannot get resource \"leases\""), "{}", s.message);
     }
 
@@ -607,7 +706,11 @@ mod tests {
             verb,
             resource_request: true,
             path: "/",
-            api_group: if resource == "leases" { "coordination.k8s.io" } else { "" },
+            api_group: if resource == "leases" {
+                "coordination.k8s.io"
+            } else {
+                ""
+            },
             resource,
             subresource: sub,
             namespace: "kube-node-lease",
@@ -615,12 +718,19 @@ mod tests {
             field_selector: None,
         };
         let lease = serde_json::json!({"metadata": {"name": "edge-2"}});
-        assert!(node_restriction(&attrs("leases", "", "create", ""), Some(&lease), &Graph).is_some());
+        assert!(
+            node_restriction(&attrs("leases", "", "create", ""), Some(&lease), &Graph).is_some()
+        );
         let own = serde_json::json!({"metadata": {"name": "edge-1"}});
         assert!(node_restriction(&attrs("leases", "", "create", ""), Some(&own), &Graph).is_none());
-        assert!(node_restriction(&attrs("nodes", "status", "patch", "edge-2"), None, &Graph).is_some());
+        assert!(
+            node_restriction(&attrs("nodes", "status", "patch", "edge-2"), None, &Graph).is_some()
+        );
         assert!(node_restriction(&attrs("nodes", "", "patch", "edge-1"), None, &Graph).is_none());
-        let plain_pod = serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "edge-1"}});
-        assert!(node_restriction(&attrs("pods", "", "create", ""), Some(&plain_pod), &Graph).is_some());
+        let plain_pod =
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"nodeName": "edge-1"}});
+        assert!(
+            node_restriction(&attrs("pods", "", "create", ""), Some(&plain_pod), &Graph).is_some()
+        );
     }
 }

@@ -67,7 +67,10 @@ pub fn api_group_list() -> Value {
 
 /// `/apis/<group>`, or `None` if the group is not served.
 pub fn api_group(group: &str) -> Option<Value> {
-    if !RESOURCES.iter().any(|r| r.group == group && !group.is_empty()) {
+    if !RESOURCES
+        .iter()
+        .any(|r| r.group == group && !group.is_empty())
+    {
         return None;
     }
     let mut doc = group_doc(group);
@@ -137,7 +140,8 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     } else {
         format!("{group}/{version}")
     };
-    let mut doc = json!({"kind": "APIResourceList", "groupVersion": group_version, "resources": resources});
+    let mut doc =
+        json!({"kind": "APIResourceList", "groupVersion": group_version, "resources": resources});
     if !group.is_empty() {
         // Group lists carry apiVersion, the core one does not (a real apiserver quirk).
         doc["apiVersion"] = "v1".into();
@@ -169,8 +173,19 @@ mod tests {
             k
         };
         assert_eq!(keys(&ours["groups"][0]), keys(&fixture["groups"][0]));
-        let names: Vec<&str> = ours["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
-        for g in ["apps", "coordination.k8s.io", "discovery.k8s.io", "storage.k8s.io", "apps.openyurt.io"] {
+        let names: Vec<&str> = ours["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["name"].as_str().unwrap())
+            .collect();
+        for g in [
+            "apps",
+            "coordination.k8s.io",
+            "discovery.k8s.io",
+            "storage.k8s.io",
+            "apps.openyurt.io",
+        ] {
             assert!(names.contains(&g), "{g}");
         }
     }
@@ -178,8 +193,19 @@ mod tests {
     #[test]
     fn resource_lists_include_subresources() {
         let core = api_resource_list("", "v1").unwrap();
-        let names: Vec<&str> = core["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-        for n in ["pods", "pods/status", "nodes/status", "serviceaccounts/token", "services/status"] {
+        let names: Vec<&str> = core["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        for n in [
+            "pods",
+            "pods/status",
+            "nodes/status",
+            "serviceaccounts/token",
+            "services/status",
+        ] {
             assert!(names.contains(&n), "{n}");
         }
         assert!(core.get("apiVersion").is_none());

@@ -59,12 +59,19 @@ pub fn references(pod: &Value, kind: RefKind) -> Vec<String> {
             for v in array_at(pod, "/spec/volumes") {
                 push(str_at(v, "/persistentVolumeClaim/claimName"));
                 if v.pointer("/ephemeral").is_some() {
-                    push(&format!("{}-{}", str_at(pod, "/metadata/name"), str_at(v, "/name")));
+                    push(&format!(
+                        "{}-{}",
+                        str_at(pod, "/metadata/name"),
+                        str_at(v, "/name")
+                    ));
                 }
             }
         }
         RefKind::Secret | RefKind::ConfigMap => {
-            for name in volume_refs(pod, kind).into_iter().chain(container_refs(pod, kind)) {
+            for name in volume_refs(pod, kind)
+                .into_iter()
+                .chain(container_refs(pod, kind))
+            {
                 push(&name);
             }
             if kind == RefKind::Secret {
@@ -110,7 +117,11 @@ fn container_refs(pod: &Value, kind: RefKind) -> Vec<String> {
         _ => ("/valueFrom/configMapKeyRef/name", "/configMapRef/name"),
     };
     let mut out = Vec::new();
-    for list in ["/spec/containers", "/spec/initContainers", "/spec/ephemeralContainers"] {
+    for list in [
+        "/spec/containers",
+        "/spec/initContainers",
+        "/spec/ephemeralContainers",
+    ] {
         for c in array_at(pod, list) {
             for e in array_at(c, "/env") {
                 out.push(str_at(e, key_ref).to_owned());
@@ -166,7 +177,10 @@ mod tests {
         assert_eq!(cms, ["cfg-env", "cfg-from", "cfg-vol", "kube-root-ca.crt"]);
         let mut secrets = references(&p, RefKind::Secret);
         secrets.sort();
-        assert_eq!(secrets, ["pull", "sec-env", "sec-from", "sec-proj", "sec-vol"]);
+        assert_eq!(
+            secrets,
+            ["pull", "sec-env", "sec-from", "sec-proj", "sec-vol"]
+        );
         assert_eq!(references(&p, RefKind::PersistentVolumeClaim), ["data"]);
         assert_eq!(references(&p, RefKind::ServiceAccount), ["app"]);
     }

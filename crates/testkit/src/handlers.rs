@@ -96,7 +96,11 @@ pub fn parse_rv(rv: &str) -> Result<u64, ApiError> {
 }
 
 /// GET of one object.
-pub async fn get(shared: &Shared, t: Target<'_>, resource_version: &str) -> Result<Value, ApiError> {
+pub async fn get(
+    shared: &Shared,
+    t: Target<'_>,
+    resource_version: &str,
+) -> Result<Value, ApiError> {
     if !resource_version.is_empty() && resource_version != "0" {
         wait_for_rv(&shared.store, parse_rv(resource_version)?).await?;
     }
@@ -123,7 +127,12 @@ async fn list_source(store: &Store, t: &Target<'_>, o: &ListOptions) -> Result<S
     }
     let current = |limit| {
         let (rv, items) = store.list(t.def, &prefix);
-        Source { rv, items, start: None, limit }
+        Source {
+            rv,
+            items,
+            start: None,
+            limit,
+        }
     };
     match o.resource_version.as_str() {
         "" => Ok(current(o.limit)),
@@ -138,9 +147,16 @@ async fn list_source(store: &Store, t: &Target<'_>, o: &ListOptions) -> Result<S
                 return Ok(current(o.limit));
             }
             let items = store.snapshot(t.def, &prefix, wanted).map_err(|_| {
-                ApiError::from(Status::expired("The resourceVersion for the provided list is too old."))
+                ApiError::from(Status::expired(
+                    "The resourceVersion for the provided list is too old.",
+                ))
             })?;
-            Ok(Source { rv: wanted, items, start: None, limit: o.limit })
+            Ok(Source {
+                rv: wanted,
+                items,
+                start: None,
+                limit: o.limit,
+            })
         }
     }
 }
@@ -161,11 +177,21 @@ fn continued_source(
     let start = Some(c.start.clone());
     if c.rv < 0 {
         let (rv, items) = store.list(t.def, prefix);
-        return Ok(Source { rv, items, start, limit: o.limit });
+        return Ok(Source {
+            rv,
+            items,
+            start,
+            limit: o.limit,
+        });
     }
     let rv = c.rv as u64;
     match store.snapshot(t.def, prefix, rv) {
-        Ok(items) => Ok(Source { rv, items, start, limit: o.limit }),
+        Ok(items) => Ok(Source {
+            rv,
+            items,
+            start,
+            limit: o.limit,
+        }),
         Err(TooOld { .. }) => Err(expired_continue(&c.start)),
     }
 }
@@ -273,8 +299,19 @@ fn fake_jwt(namespace: &str, service_account: &str) -> String {
 /// PUT.
 pub fn update(shared: &Shared, t: Target<'_>, body: &[u8]) -> Result<Response<Body>, ApiError> {
     let obj = object_body(body)?;
-    let written = registry::update(&shared.store, t.def, t.namespace, t.name, obj, t.part(), Origin::Client)?;
-    Ok(json_response(if written.created { 201 } else { 200 }, &written.object))
+    let written = registry::update(
+        &shared.store,
+        t.def,
+        t.namespace,
+        t.name,
+        obj,
+        t.part(),
+        Origin::Client,
+    )?;
+    Ok(json_response(
+        if written.created { 201 } else { 200 },
+        &written.object,
+    ))
 }
 
 /// PATCH, by `Content-Type`.
@@ -286,7 +323,15 @@ pub fn patch(
 ) -> Result<Response<Body>, ApiError> {
     let kind = PatchType::from_content_type(content_type)
         .ok_or_else(|| patch::unsupported_media_type(t.def.builtin))?;
-    let out = registry::patch(&shared.store, t.def, t.namespace, t.name, kind, body, t.part())?;
+    let out = registry::patch(
+        &shared.store,
+        t.def,
+        t.namespace,
+        t.name,
+        kind,
+        body,
+        t.part(),
+    )?;
     Ok(json_response(200, &out))
 }
 
@@ -311,7 +356,10 @@ pub fn delete_collection(
     let mut deleted = Vec::new();
     for (_, obj) in items.iter().filter(|(_, v)| filter.matches(v)) {
         let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str);
-        let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if let Ok(out) = registry::delete(&shared.store, t.def, ns, name, &options) {
             deleted.push(untyped(out.object));
         }
@@ -336,7 +384,10 @@ fn untyped(mut v: Value) -> Value {
 /// TokenReview: tokens the fake knows authenticate; others do not.
 pub fn token_review(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> {
     let mut review = object_body(body)?;
-    let token = review.pointer("/spec/token").and_then(Value::as_str).unwrap_or("");
+    let token = review
+        .pointer("/spec/token")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let status = match shared.authn.token_user(token) {
         Some(user) => json!({
             "authenticated": true,
@@ -354,18 +405,33 @@ pub fn token_review(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiE
 pub fn subject_access_review(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> {
     let mut review = object_body(body)?;
     let spec = review.get("spec").cloned().unwrap_or_default();
-    let s = |p: &str| spec.pointer(p).and_then(Value::as_str).unwrap_or("").to_owned();
+    let s = |p: &str| {
+        spec.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
     let groups: Vec<String> = spec
         .get("groups")
         .and_then(Value::as_array)
-        .map(|g| g.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|g| {
+            g.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
-    let user = UserInfo { name: s("/user"), groups };
+    let user = UserInfo {
+        name: s("/user"),
+        groups,
+    };
     let resource_request = spec.get("resourceAttributes").is_some();
     let (verb, path) = if resource_request {
         (s("/resourceAttributes/verb"), String::new())
     } else {
-        (s("/nonResourceAttributes/verb"), s("/nonResourceAttributes/path"))
+        (
+            s("/nonResourceAttributes/verb"),
+            s("/nonResourceAttributes/path"),
+        )
     };
     let (group, resource, sub, ns, name) = (
         s("/resourceAttributes/group"),

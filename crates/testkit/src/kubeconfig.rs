@@ -12,7 +12,13 @@ fn quoted(s: &str) -> String {
 /// File-name-safe form of a user name (`system:node:edge-1` → `system-node-edge-1`).
 fn file_stem(user: &str) -> String {
     user.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect()
 }
 
@@ -58,7 +64,14 @@ mod tests {
     fn writes_absolute_paths_and_quoted_names() {
         let dir = tempfile::tempdir().unwrap();
         let pki = TestPki::new().unwrap();
-        let path = write(dir.path(), "https://127.0.0.1:1", &pki, "system:node:edge-1", &["system:nodes"]).unwrap();
+        let path = write(
+            dir.path(),
+            "https://127.0.0.1:1",
+            &pki,
+            "system:node:edge-1",
+            &["system:nodes"],
+        )
+        .unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("user: \"system:node:edge-1\""));
         assert!(text.contains("server: \"https://127.0.0.1:1\""));

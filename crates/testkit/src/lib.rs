@@ -13,6 +13,7 @@
 //! - `authz`: Node authorizer + NodeRestriction, anonymous and admin policies.
 //! - `discovery`: `/version`, `/api`, `/apis`, resource lists.
 //! - `handlers`: get / list (resourceVersion, paging) / create / update / patch / delete.
+//! - `table`: server-side printing (`Table` responses for `kubectl get`).
 //! - `watch`: watch streams (initial events, bookmarks, replay, 410, selector transitions).
 //!
 //! State and rules:
@@ -21,6 +22,7 @@
 //! - `store`: objects, global resourceVersion, event log, snapshots.
 //! - `query`: list options, validation, selectors, continue tokens.
 //! - `patch`: JSON, merge and strategic-merge(-like) patches.
+//! - `proto`: the Kubernetes protobuf bodies kubectl's generators send.
 //! - `graph`: which objects a node reaches through its pods.
 //! - `seed`: the default cluster state (fixture pods plus an edge node).
 //! - [`pki`]: a throw-away CA, serving cert and identity-bearing client certs.
@@ -34,6 +36,7 @@ mod handlers;
 mod kubeconfig;
 mod patch;
 pub mod pki;
+mod proto;
 mod query;
 mod registry;
 mod reply;
@@ -43,6 +46,7 @@ mod seed;
 pub mod server;
 mod state;
 mod store;
+mod table;
 mod util;
 mod watch;
 

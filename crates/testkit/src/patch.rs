@@ -110,7 +110,9 @@ fn strategic_merge(doc: &mut Value, patch: &Value) {
             Value::Null => {
                 target.remove(key);
             }
-            Value::Object(_) => strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value),
+            Value::Object(_) => {
+                strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value)
+            }
             Value::Array(items) => {
                 let merged = merge_list(target.get(key), items);
                 target.insert(key.clone(), merged);
@@ -181,7 +183,10 @@ mod tests {
             PatchType::from_content_type("application/merge-patch+json; charset=utf-8"),
             Some(PatchType::Merge)
         );
-        assert_eq!(PatchType::from_content_type("application/apply-patch+yaml"), None);
+        assert_eq!(
+            PatchType::from_content_type("application/apply-patch+yaml"),
+            None
+        );
         assert_eq!(PatchType::from_content_type("application/json"), None);
         assert_eq!(unsupported_media_type(false).code, 415);
     }
@@ -221,7 +226,8 @@ mod tests {
     #[test]
     fn strategic_merge_honours_delete_and_replace() {
         let doc = json!({"l": [{"name": "a"}, {"name": "b"}], "m": {"x": 1, "y": 2}});
-        let patch = json!({"l": [{"name": "a", "$patch": "delete"}], "m": {"$patch": "replace", "z": 3}});
+        let patch =
+            json!({"l": [{"name": "a", "$patch": "delete"}], "m": {"$patch": "replace", "z": 3}});
         let out = patched(doc, PatchType::Strategic, patch).unwrap();
         assert_eq!(out, json!({"l": [{"name": "b"}], "m": {"z": 3}}));
     }

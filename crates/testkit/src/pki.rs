@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, date_time_ymd,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, date_time_ymd,
 };
 
 /// A certificate and its private key, both PEM.
@@ -68,7 +68,13 @@ impl TestPki {
 
     /// A client certificate for `user` in `groups`, e.g. `system:node:edge-1` in `system:nodes`.
     pub fn client(&self, user: &str, groups: &[&str]) -> Result<CertPair, PkiError> {
-        self.issue(user, groups, &[], ExtendedKeyUsagePurpose::ClientAuth, false)
+        self.issue(
+            user,
+            groups,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+            false,
+        )
     }
 
     /// Like [`TestPki::client`], but already expired (for "certificate expired" checks).

@@ -90,7 +90,9 @@ impl ListOptions {
     pub fn selected_name(&self) -> Option<&str> {
         self.field_selector
             .requires_exact_match("metadata.name")
-            .filter(|n| !n.is_empty() && !n.contains('/') && !n.contains('%') && *n != "." && *n != "..")
+            .filter(|n| {
+                !n.is_empty() && !n.contains('/') && !n.contains('%') && *n != "." && *n != ".."
+            })
     }
 
     /// `SetListOptionsDefaults` (WatchList on): a legacy watch from "now" becomes a
@@ -264,8 +266,7 @@ pub struct Filter<'a> {
 impl Filter<'_> {
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels").and_then(Value::as_object);
-        self.labels.matches_json(labels)
-            && self.fields.matches(&|f| self.def.field_value(obj, f))
+        self.labels.matches_json(labels) && self.fields.matches(&|f| self.def.field_value(obj, f))
     }
 }
 
@@ -284,7 +285,10 @@ pub fn encode_continue(rv: i64, last_key: &str) -> String {
 
 pub fn decode_continue(token: &str) -> Result<Continue, ApiError> {
     let invalid = |why: &str| -> ApiError {
-        Status::bad_request(format!("invalid continue token: continue key is not valid: {why}")).into()
+        Status::bad_request(format!(
+            "invalid continue token: continue key is not valid: {why}"
+        ))
+        .into()
     };
     let raw = URL_SAFE_NO_PAD
         .decode(token.trim_end_matches('='))
@@ -316,7 +320,8 @@ mod tests {
 
     #[test]
     fn booleans_are_lenient_like_apimachinery() {
-        let o = ListOptions::decode("watch=yes&allowWatchBookmarks=0&sendInitialEvents=False").unwrap();
+        let o =
+            ListOptions::decode("watch=yes&allowWatchBookmarks=0&sendInitialEvents=False").unwrap();
         assert!(o.watch);
         assert!(!o.allow_watch_bookmarks);
         assert_eq!(o.send_initial_events, Some(false));
@@ -325,7 +330,8 @@ mod tests {
 
     #[test]
     fn selectors_are_parsed_and_checked() {
-        let o = ListOptions::decode("fieldSelector=spec.nodeName%3Dedge-1&labelSelector=app%3Dweb").unwrap();
+        let o = ListOptions::decode("fieldSelector=spec.nodeName%3Dedge-1&labelSelector=app%3Dweb")
+            .unwrap();
         let pods = by_gvr("v1/pods").unwrap();
         assert!(o.check_fields(pods).is_ok());
         let cms = by_gvr("v1/configmaps").unwrap();
@@ -375,7 +381,13 @@ mod tests {
     fn continue_tokens_round_trip() {
         let token = encode_continue(42, "kube-system/coredns");
         let c = decode_continue(&token).unwrap();
-        assert_eq!(c, Continue { rv: 42, start: "kube-system/coredns\u{0}".into() });
+        assert_eq!(
+            c,
+            Continue {
+                rv: 42,
+                start: "kube-system/coredns\u{0}".into()
+            }
+        );
         assert_eq!(decode_continue("!!").unwrap_err().status.code, 400);
         let zero = URL_SAFE_NO_PAD.encode(r#"{"v":"meta.k8s.io/v1","rv":0,"start":"a"}"#);
         assert!(decode_continue(&zero).is_err());

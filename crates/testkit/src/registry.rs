@@ -53,7 +53,9 @@ fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
         obj["metadata"] = json!({});
     }
     // Just ensured to be an object.
-    obj["metadata"].as_object_mut().expect("metadata is an object")
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata is an object")
 }
 
 fn qualified_kind(def: &ResourceDef) -> String {
@@ -112,7 +114,11 @@ fn check_body(def: &ResourceDef, namespace: Option<&str>, obj: &mut Value) -> Re
 }
 
 /// NamespaceLifecycle admission: namespaced objects need an existing namespace.
-fn require_namespace(store: &Store, def: &ResourceDef, namespace: Option<&str>) -> Result<(), Status> {
+fn require_namespace(
+    store: &Store,
+    def: &ResourceDef,
+    namespace: Option<&str>,
+) -> Result<(), Status> {
     let (true, Some(ns)) = (def.namespaced, namespace) else {
         return Ok(());
     };
@@ -122,6 +128,10 @@ fn require_namespace(store: &Store, def: &ResourceDef, namespace: Option<&str>) 
     } else {
         Err(Status::not_found("", "namespaces", ns))
     }
+}
+
+fn require_namespace_error(namespace: Option<&str>) -> Result<(), Status> {
+    Err(Status::not_found("", "namespaces", namespace.unwrap_or("")))
 }
 
 /// `PrepareForCreate` plus the generic registry's `BeforeCreate`.
@@ -194,7 +204,10 @@ pub fn create(
         Some(_) => Err(Status::already_exists(def.group, def.name, &name)),
         None => Ok(Mutation::Put(obj)),
     })?;
-    Ok(typed(def, &stored.expect("a put returns the stored object")))
+    Ok(typed(
+        def,
+        &stored.expect("a put returns the stored object"),
+    ))
 }
 
 /// Which part of the object a write may change.
@@ -229,11 +242,15 @@ pub fn update(
         )));
     }
     let key = object_key(def, namespace, name);
+    // Checked outside `mutate`: the store lock is not reentrant.
+    let namespace_ok = !def.create_on_update || require_namespace(store, def, namespace).is_ok();
     let mut created = false;
     let result = store.mutate(def, &key, |current, _| match current {
         Some(cur) => next_version(def, cur, body, part, origin),
         None if def.create_on_update && part == Part::Main => {
-            require_namespace(store, def, namespace)?;
+            if !namespace_ok {
+                require_namespace_error(namespace)?;
+            }
             prepare_create(def, &mut body, origin);
             created = true;
             Ok(Mutation::Put(body))
@@ -308,7 +325,10 @@ fn next_version(
         copy_field(cur, &mut next, "status");
     }
     if def.generation && spec_changed(cur, &next) {
-        let generation = cur.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+        let generation = cur
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         metadata_mut(&mut next).insert("generation".into(), (generation + 1).into());
     }
     if is_finalized(&next) {
@@ -316,7 +336,10 @@ fn next_version(
     }
     // etcd would not be written: same revision, no event.
     let mut same = next.clone();
-    metadata_mut(&mut same).insert("resourceVersion".into(), meta_str(cur, "resourceVersion").into());
+    metadata_mut(&mut same).insert(
+        "resourceVersion".into(),
+        meta_str(cur, "resourceVersion").into(),
+    );
     if &same == cur {
         return Ok(Mutation::Noop);
     }
@@ -478,7 +501,10 @@ pub fn token_request(
     token: &str,
 ) -> Result<Value, Status> {
     let sas = by_gvr("v1/serviceaccounts").expect("serviceaccounts are registered");
-    if store.get(sas, &object_key(sas, Some(namespace), service_account)).is_none() {
+    if store
+        .get(sas, &object_key(sas, Some(namespace), service_account))
+        .is_none()
+    {
         return Err(Status::not_found("", "serviceaccounts", service_account));
     }
     let mut spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
@@ -512,7 +538,14 @@ mod tests {
     fn store_with_default_ns() -> Store {
         let store = Store::new(100, 1);
         let ns = by_gvr("v1/namespaces").unwrap();
-        create(&store, ns, None, json!({"metadata": {"name": "default"}}), Origin::Client).unwrap();
+        create(
+            &store,
+            ns,
+            None,
+            json!({"metadata": {"name": "default"}}),
+            Origin::Client,
+        )
+        .unwrap();
         store
     }
 
@@ -549,7 +582,14 @@ mod tests {
         let store = store_with_default_ns();
         let err = create(&store, pods(), Some("nope"), pod("p"), Origin::Client).unwrap_err();
         assert_eq!(err.message, "namespaces \"nope\" not found");
-        let err = create(&store, pods(), Some("default"), json!({"metadata": {}}), Origin::Client).unwrap_err();
+        let err = create(
+            &store,
+            pods(),
+            Some("default"),
+            json!({"metadata": {}}),
+            Origin::Client,
+        )
+        .unwrap_err();
         assert_eq!(err.code, 422);
         let generated = create(
             &store,
@@ -559,7 +599,12 @@ mod tests {
             Origin::Client,
         )
         .unwrap();
-        assert!(generated["metadata"]["name"].as_str().unwrap().starts_with("web-"));
+        assert!(
+            generated["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("web-")
+        );
         assert_eq!(generated["metadata"]["name"].as_str().unwrap().len(), 9);
     }
 
@@ -569,12 +614,29 @@ mod tests {
         let created = create(&store, pods(), Some("default"), pod("p"), Origin::Server).unwrap();
         let mut stale = created.clone();
         stale["metadata"]["resourceVersion"] = "1".into();
-        let err = update(&store, pods(), Some("default"), "p", stale, Part::Main, Origin::Client);
+        let err = update(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            stale,
+            Part::Main,
+            Origin::Client,
+        );
         assert_eq!(err.err().map(|e| e.code), Some(409));
         let mut body = created.clone();
         body["metadata"]["labels"] = json!({"a": "b"});
         body["status"] = json!({"phase": "Failed"});
-        let out = update(&store, pods(), Some("default"), "p", body, Part::Main, Origin::Client).unwrap();
+        let out = update(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            body,
+            Part::Main,
+            Origin::Client,
+        )
+        .unwrap();
         assert_eq!(out.object["metadata"]["labels"]["a"], "b");
         assert_eq!(out.object["status"]["phase"], "Running");
         assert!(rv_of(&out.object) > rv_of(&created));
@@ -587,7 +649,16 @@ mod tests {
         let mut body = created.clone();
         body["status"] = json!({"phase": "Succeeded"});
         body["metadata"]["labels"] = json!({"ignored": "yes"});
-        let out = update(&store, pods(), Some("default"), "p", body, Part::Status, Origin::Client).unwrap();
+        let out = update(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            body,
+            Part::Status,
+            Origin::Client,
+        )
+        .unwrap();
         assert_eq!(out.object["status"]["phase"], "Succeeded");
         assert!(out.object["metadata"].get("labels").is_none());
     }
@@ -597,7 +668,16 @@ mod tests {
         let store = store_with_default_ns();
         let created = create(&store, pods(), Some("default"), pod("p"), Origin::Server).unwrap();
         let rv = store.current_rv();
-        let out = update(&store, pods(), Some("default"), "p", created, Part::Main, Origin::Client).unwrap();
+        let out = update(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            created,
+            Part::Main,
+            Origin::Client,
+        )
+        .unwrap();
         assert_eq!(store.current_rv(), rv);
         assert_eq!(rv_of(&out.object), rv);
     }
@@ -605,10 +685,27 @@ mod tests {
     #[test]
     fn update_of_missing_object_is_404_unless_create_on_update() {
         let store = store_with_default_ns();
-        let err = update(&store, pods(), Some("default"), "p", pod("p"), Part::Main, Origin::Client);
+        let err = update(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            pod("p"),
+            Part::Main,
+            Origin::Client,
+        );
         assert_eq!(err.err().map(|e| e.code), Some(404));
         let svc = by_gvr("v1/services").unwrap();
-        let out = update(&store, svc, Some("default"), "s", json!({"metadata": {"name": "s"}}), Part::Main, Origin::Client).unwrap();
+        let out = update(
+            &store,
+            svc,
+            Some("default"),
+            "s",
+            json!({"metadata": {"name": "s"}}),
+            Part::Main,
+            Origin::Client,
+        )
+        .unwrap();
         assert!(out.created);
     }
 
@@ -620,10 +717,28 @@ mod tests {
         let created = create(&store, deploys, Some("default"), d, Origin::Client).unwrap();
         assert_eq!(created["metadata"]["generation"], 1);
         let p = br#"{"spec":{"replicas":2}}"#;
-        let out = patch(&store, deploys, Some("default"), "d", PatchType::Merge, p, Part::Main).unwrap();
+        let out = patch(
+            &store,
+            deploys,
+            Some("default"),
+            "d",
+            PatchType::Merge,
+            p,
+            Part::Main,
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["generation"], 2);
         let p = br#"{"metadata":{"labels":{"x":"y"}}}"#;
-        let out = patch(&store, deploys, Some("default"), "d", PatchType::Merge, p, Part::Main).unwrap();
+        let out = patch(
+            &store,
+            deploys,
+            Some("default"),
+            "d",
+            PatchType::Merge,
+            p,
+            Part::Main,
+        )
+        .unwrap();
         assert_eq!(out["metadata"]["generation"], 2);
     }
 
@@ -632,7 +747,16 @@ mod tests {
         let store = store_with_default_ns();
         create(&store, pods(), Some("default"), pod("p"), Origin::Client).unwrap();
         let p = br#"{"metadata":{"resourceVersion":"1","labels":{"a":"b"}}}"#;
-        let err = patch(&store, pods(), Some("default"), "p", PatchType::Merge, p, Part::Main).unwrap_err();
+        let err = patch(
+            &store,
+            pods(),
+            Some("default"),
+            "p",
+            PatchType::Merge,
+            p,
+            Part::Main,
+        )
+        .unwrap_err();
         assert_eq!(err.code, 409);
     }
 
@@ -643,13 +767,27 @@ mod tests {
         let cm = json!({"metadata": {"name": "c", "finalizers": ["x/y"]}});
         let created = create(&store, cms, Some("default"), cm, Origin::Client).unwrap();
         let bad = json!({"preconditions": {"uid": "nope"}});
-        assert_eq!(delete(&store, cms, Some("default"), "c", &bad).err().map(|e| e.code), Some(409));
+        assert_eq!(
+            delete(&store, cms, Some("default"), "c", &bad)
+                .err()
+                .map(|e| e.code),
+            Some(409)
+        );
         let pending = delete(&store, cms, Some("default"), "c", &Value::Null).unwrap();
         assert!(!pending.gone);
         assert!(pending.object["metadata"]["deletionTimestamp"].is_string());
         let mut body = pending.object.clone();
         body["metadata"]["finalizers"] = json!([]);
-        update(&store, cms, Some("default"), "c", body, Part::Main, Origin::Client).unwrap();
+        update(
+            &store,
+            cms,
+            Some("default"),
+            "c",
+            body,
+            Part::Main,
+            Origin::Client,
+        )
+        .unwrap();
         assert!(store.get(cms, "default/c").is_none());
         assert!(rv_of(&created) < store.current_rv());
     }

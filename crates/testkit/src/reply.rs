@@ -13,7 +13,8 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// A Status plus the optional fields `outpost_core::Status` does not model.
 #[derive(Debug, Clone)]
 pub struct ApiError {
-    pub status: Status,
+    /// Boxed: errors travel through many `Result`s and should stay small.
+    pub status: Box<Status>,
     /// `details.causes` entries: (reason, message, field).
     pub causes: Vec<(String, String, String)>,
     /// `metadata.continue`, set on a 410 for an expired continue token.
@@ -23,7 +24,7 @@ pub struct ApiError {
 impl From<Status> for ApiError {
     fn from(status: Status) -> Self {
         ApiError {
-            status,
+            status: Box::new(status),
             causes: Vec::new(),
             continue_token: None,
         }
@@ -32,7 +33,8 @@ impl From<Status> for ApiError {
 
 impl ApiError {
     pub fn with_cause(mut self, reason: &str, message: &str, field: &str) -> Self {
-        self.causes.push((reason.into(), message.into(), field.into()));
+        self.causes
+            .push((reason.into(), message.into(), field.into()));
         self
     }
 
@@ -63,7 +65,9 @@ impl ApiError {
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 pub fn json_response(code: u16, value: &Value) -> Response<Body> {
@@ -89,10 +93,10 @@ fn with_type(code: u16, content_type: &'static str, body: Vec<u8>) -> Response<B
 
 pub fn error_response(err: &ApiError) -> Response<Body> {
     let mut resp = json_response(err.status.code, &err.to_value());
-    if let Some(secs) = err.status.retry_after_seconds {
-        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
+    if let Some(secs) = err.status.retry_after_seconds
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
     }
     resp
 }
@@ -135,7 +139,10 @@ pub fn injected_failure(code: u16) -> ApiError {
         ),
         401 => (Reason::Unauthorized, "Unauthorized"),
         403 => (Reason::Forbidden, "forbidden: injected failure"),
-        404 => (Reason::NotFound, "the server could not find the requested resource"),
+        404 => (
+            Reason::NotFound,
+            "the server could not find the requested resource",
+        ),
         409 => (Reason::Conflict, "injected conflict"),
         _ => (Reason::InternalError, "injected failure"),
     };
@@ -152,12 +159,18 @@ mod tests {
 
     #[test]
     fn causes_and_continue_are_rendered() {
-        let err = ApiError::from(Status::expired("old"))
-            .with_cause("ResourceVersionTooLarge", "Too large resource version", "");
+        let err = ApiError::from(Status::expired("old")).with_cause(
+            "ResourceVersionTooLarge",
+            "Too large resource version",
+            "",
+        );
         let mut err = err;
         err.continue_token = Some("abc".into());
         let v = err.to_value();
-        assert_eq!(v["details"]["causes"][0]["reason"], "ResourceVersionTooLarge");
+        assert_eq!(
+            v["details"]["causes"][0]["reason"],
+            "ResourceVersionTooLarge"
+        );
         assert!(v["details"]["causes"][0].get("field").is_none());
         assert_eq!(v["metadata"]["continue"], "abc");
     }

@@ -98,10 +98,10 @@ impl ResourceDef {
             metadata["creationTimestamp"] = Value::Null;
         }
         obj["metadata"] = metadata;
-        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(self.zero_fields) {
-            if let Some(map) = obj.as_object_mut() {
-                map.extend(fields);
-            }
+        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(self.zero_fields)
+            && let Some(map) = obj.as_object_mut()
+        {
+            map.extend(fields);
         }
         obj
     }
@@ -249,7 +249,9 @@ pub static RESOURCES: &[ResourceDef] = &[
         singular: "namespace",
         kind: "Namespace",
         namespaced: false,
-        verbs: &["create", "delete", "get", "list", "patch", "update", "watch"],
+        verbs: &[
+            "create", "delete", "get", "list", "patch", "update", "watch",
+        ],
         short_names: &["ns"],
         status: true,
         create_status: CreateStatus::Active,
@@ -493,9 +495,16 @@ mod tests {
     #[test]
     fn field_values_follow_selectable_fields() {
         let pods = by_gvr("v1/pods").unwrap();
-        let pod = json!({"metadata":{"name":"p"},"spec":{"nodeName":"n1"},"status":{"phase":"Running"}});
-        assert_eq!(pods.field_value(&pod, "spec.nodeName").as_deref(), Some("n1"));
-        assert_eq!(pods.field_value(&pod, "spec.hostNetwork").as_deref(), Some("false"));
+        let pod =
+            json!({"metadata":{"name":"p"},"spec":{"nodeName":"n1"},"status":{"phase":"Running"}});
+        assert_eq!(
+            pods.field_value(&pod, "spec.nodeName").as_deref(),
+            Some("n1")
+        );
+        assert_eq!(
+            pods.field_value(&pod, "spec.hostNetwork").as_deref(),
+            Some("false")
+        );
         assert_eq!(pods.field_value(&pod, "spec.restartPolicy"), None);
         assert!(pods.supports_field("status.phase"));
         assert!(!pods.supports_field("spec.containers"));

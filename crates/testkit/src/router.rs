@@ -22,7 +22,7 @@ use crate::query::ListOptions;
 use crate::reply::{self, ApiError, Body, error_response, json_response, text_response};
 use crate::resources::{self, ResourceDef};
 use crate::state::{RequestRecord, Shared};
-use crate::watch;
+use crate::{table, watch};
 
 /// What the TLS layer learned about the peer, shared by all requests of a connection.
 pub struct ConnInfo {
@@ -119,13 +119,16 @@ impl Info {
         self.subresource = parts.get(2).cloned().unwrap_or_default();
         let options = ListOptions::decode(&self.query).ok();
         if self.name.is_empty() && self.verb == "get" {
-            let watch = options.as_ref().map_or_else(|| self.lenient_watch(), |o| o.watch);
+            let watch = options
+                .as_ref()
+                .map_or_else(|| self.lenient_watch(), |o| o.watch);
             self.verb = if watch { "watch" } else { "list" }.into();
         }
-        if self.name.is_empty() && matches!(self.verb.as_str(), "list" | "watch") {
-            if let Some(name) = options.as_ref().and_then(|o| o.selected_name()) {
-                self.name = name.to_owned();
-            }
+        if self.name.is_empty()
+            && matches!(self.verb.as_str(), "list" | "watch")
+            && let Some(name) = options.as_ref().and_then(|o| o.selected_name())
+        {
+            self.name = name.to_owned();
         }
         if self.name.is_empty() && *method == Method::DELETE {
             self.verb = "deletecollection".into();
@@ -178,10 +181,10 @@ pub async fn serve(
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
     let info = Info::classify(&parts.method, &path, &query);
-    let (user, resp) = match shared
-        .authn
-        .authenticate(conn.peer_certs.as_deref(), header_str(&parts, header::AUTHORIZATION))
-    {
+    let (user, resp) = match shared.authn.authenticate(
+        conn.peer_certs.as_deref(),
+        header_str(&parts, header::AUTHORIZATION),
+    ) {
         Ok(user) => {
             let resp = authorized(&shared, &info, &user, &parts, body).await;
             (user, resp)
@@ -218,7 +221,7 @@ fn is_streaming_subresource(subresource: &str) -> bool {
     matches!(subresource, "exec" | "attach" | "portforward")
 }
 
-fn header_str<'a>(parts: &'a Parts, name: header::HeaderName) -> Option<&'a str> {
+fn header_str(parts: &Parts, name: header::HeaderName) -> Option<&str> {
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -263,7 +266,9 @@ async fn authorize_and_dispatch(
     parts: &Parts,
     body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
-    let field_selector = ListOptions::decode(&info.query).ok().map(|o| o.field_selector);
+    let field_selector = ListOptions::decode(&info.query)
+        .ok()
+        .map(|o| o.field_selector);
     let attrs = Attributes {
         field_selector: field_selector.as_ref(),
         ..info.attributes(user)
@@ -275,6 +280,7 @@ async fn authorize_and_dispatch(
     if !info.resource_request {
         return non_resource(shared, info, &parts.method);
     }
+    let body = json_body(info, parts, body)?;
     admit(&attrs, &body, &graph)?;
     check_accept(parts)?;
     resource(shared, info, parts, body).await
@@ -295,7 +301,11 @@ fn admit(attrs: &Attributes<'_>, body: &[u8], graph: &StoreGraph<'_>) -> Result<
         .and_then(|n| n.as_str())
         .unwrap_or("");
     let named = Attributes {
-        name: if attrs.name.is_empty() { body_name } else { attrs.name },
+        name: if attrs.name.is_empty() {
+            body_name
+        } else {
+            attrs.name
+        },
         ..*attrs
     };
     Err(authz::forbidden_for(&named, &message).into())
@@ -330,7 +340,9 @@ fn non_resource(shared: &Shared, info: &Info, method: &Method) -> Result<Respons
         ["version"] => discovery::version(&shared.config.git_version),
         ["healthz" | "livez" | "readyz", ..] => return Ok(text_response(200, "ok")),
         ["api"] => discovery::api_versions(shared.addr),
-        ["api", version] => discovery::api_resource_list("", version).ok_or_else(reply::path_not_found)?,
+        ["api", version] => {
+            discovery::api_resource_list("", version).ok_or_else(reply::path_not_found)?
+        }
         ["apis"] => discovery::api_group_list(),
         ["apis", group] => discovery::api_group(group).ok_or_else(reply::path_not_found)?,
         ["apis", group, version] => {
@@ -405,24 +417,38 @@ async fn resource(
         return switch_protocols(shared, t, parts).await;
     }
     let content_type = header_str(parts, header::CONTENT_TYPE).unwrap_or("");
-    if matches!(info.verb.as_str(), "create" | "update") {
-        check_body_type(content_type)?;
-    }
     match info.verb.as_str() {
         "get" => {
             let rv = crate::query::param(&crate::query::params(&info.query), "resourceVersion")
                 .unwrap_or("")
                 .to_owned();
-            Ok(json_response(200, &handlers::get(shared, t, &rv).await?))
+            let obj = handlers::get(shared, t, &rv).await?;
+            let table = table::wants_table(header_str(parts, header::ACCEPT));
+            let doc = if table {
+                table::from_object(t.def, &obj)
+            } else {
+                obj
+            };
+            Ok(json_response(200, &doc))
         }
         "list" => {
             let o = ListOptions::decode(&info.query)?;
-            Ok(json_response(200, &handlers::list(shared, t, &o).await?))
+            let list = handlers::list(shared, t, &o).await?;
+            let table = table::wants_table(header_str(parts, header::ACCEPT));
+            let doc = if table {
+                table::from_list(t.def, &list)
+            } else {
+                list
+            };
+            Ok(json_response(200, &doc))
         }
         "watch" => {
             let mut o = ListOptions::decode(&info.query)?;
             o.watch = true;
-            let named = Target { name: if info.watch_prefix { t.name } else { "" }, ..t };
+            let named = Target {
+                name: if info.watch_prefix { t.name } else { "" },
+                ..t
+            };
             watch::watch(shared.clone(), named, o).await
         }
         "create" => create(shared, t, info, &body),
@@ -444,7 +470,10 @@ async fn switch_protocols(
     t: Target<'_>,
     parts: &Parts,
 ) -> Result<Response<Body>, ApiError> {
-    let pod = Target { subresource: "", ..t };
+    let pod = Target {
+        subresource: "",
+        ..t
+    };
     handlers::get(shared, pod, "").await?;
     let Some(protocol) = parts.headers.get(header::UPGRADE).cloned() else {
         return Ok(text_response(400, "Upgrade request required"));
@@ -452,12 +481,19 @@ async fn switch_protocols(
     let mut resp = Response::new(reply::full(Bytes::new()));
     *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
     resp.headers_mut().insert(header::UPGRADE, protocol);
-    resp.headers_mut()
-        .insert(header::CONNECTION, header::HeaderValue::from_static("Upgrade"));
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("Upgrade"),
+    );
     Ok(resp)
 }
 
-fn create(shared: &Shared, t: Target<'_>, info: &Info, body: &[u8]) -> Result<Response<Body>, ApiError> {
+fn create(
+    shared: &Shared,
+    t: Target<'_>,
+    info: &Info,
+    body: &[u8],
+) -> Result<Response<Body>, ApiError> {
     if !info.path_name.is_empty() && t.subresource != "token" {
         return Err(reply::method_not_allowed());
     }
@@ -470,17 +506,33 @@ fn create(shared: &Shared, t: Target<'_>, info: &Info, body: &[u8]) -> Result<Re
     }
 }
 
-/// Bodies must be JSON (protobuf and YAML request bodies are not decoded by the fake).
-fn check_body_type(content_type: &str) -> Result<(), ApiError> {
-    let media = content_type.split(';').next().unwrap_or("").trim();
-    if matches!(media, "" | "application/json" | "*/*") {
-        return Ok(());
+/// Object bodies arrive as JSON or, from client-go's typed clients (kubectl's generators), as
+/// Kubernetes protobuf, which is converted here; YAML and other types are 415.
+fn json_body(info: &Info, parts: &Parts, body: Bytes) -> Result<Bytes, ApiError> {
+    if !matches!(
+        info.verb.as_str(),
+        "create" | "update" | "delete" | "deletecollection"
+    ) {
+        return Ok(body);
     }
-    Err(Status::new(
+    let content_type = header_str(parts, header::CONTENT_TYPE).unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    match media {
+        "" | "application/json" | "*/*" => Ok(body),
+        "application/vnd.kubernetes.protobuf" => {
+            let obj = crate::proto::decode(&body).map_err(|e| unsupported_body(media, &e))?;
+            Ok(Bytes::from(obj.to_string()))
+        }
+        _ => Err(unsupported_body(media, "not decoded by the fake")),
+    }
+}
+
+fn unsupported_body(media: &str, why: &str) -> ApiError {
+    Status::new(
         Reason::UnsupportedMediaType,
-        format!("the body of the request was in an unknown format - accepted media types include: application/json (got {media})"),
+        format!("the body of the request was in an unknown format - accepted media types include: application/json, application/vnd.kubernetes.protobuf ({media}: {why})"),
     )
-    .into())
+    .into()
 }
 
 #[cfg(test)]
@@ -488,26 +540,57 @@ mod tests {
     use super::*;
 
     fn classify(method: Method, path_and_query: &str) -> Info {
-        let (path, query) = path_and_query.split_once('?').unwrap_or((path_and_query, ""));
+        let (path, query) = path_and_query
+            .split_once('?')
+            .unwrap_or((path_and_query, ""));
         Info::classify(&method, path, query)
     }
 
     #[test]
     fn classifies_like_request_info() {
         let i = classify(Method::GET, "/api/v1/namespaces/kube-system/pods/p1");
-        assert_eq!((i.verb.as_str(), i.namespace.as_str(), i.resource.as_str(), i.name.as_str()), ("get", "kube-system", "pods", "p1"));
-        let i = classify(Method::GET, "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn1");
+        assert_eq!(
+            (
+                i.verb.as_str(),
+                i.namespace.as_str(),
+                i.resource.as_str(),
+                i.name.as_str()
+            ),
+            ("get", "kube-system", "pods", "p1")
+        );
+        let i = classify(
+            Method::GET,
+            "/api/v1/pods?watch=true&fieldSelector=spec.nodeName%3Dn1",
+        );
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", ""));
-        let i = classify(Method::GET, "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dcfg");
+        let i = classify(
+            Method::GET,
+            "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dcfg",
+        );
         assert_eq!((i.verb.as_str(), i.name.as_str()), ("list", "cfg"));
         let i = classify(Method::PATCH, "/api/v1/nodes/n1/status");
-        assert_eq!((i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()), ("patch", "nodes", "status"));
+        assert_eq!(
+            (i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()),
+            ("patch", "nodes", "status")
+        );
         let i = classify(Method::GET, "/api/v1/namespaces/default");
-        assert_eq!((i.resource.as_str(), i.name.as_str(), i.namespace.as_str()), ("namespaces", "default", "default"));
-        let i = classify(Method::DELETE, "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases");
-        assert_eq!((i.verb.as_str(), i.api_group.as_str()), ("deletecollection", "coordination.k8s.io"));
+        assert_eq!(
+            (i.resource.as_str(), i.name.as_str(), i.namespace.as_str()),
+            ("namespaces", "default", "default")
+        );
+        let i = classify(
+            Method::DELETE,
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        );
+        assert_eq!(
+            (i.verb.as_str(), i.api_group.as_str()),
+            ("deletecollection", "coordination.k8s.io")
+        );
         let i = classify(Method::GET, "/api/v1/watch/namespaces/default/pods/p");
-        assert_eq!((i.verb.as_str(), i.name.as_str(), i.watch_prefix), ("watch", "p", true));
+        assert_eq!(
+            (i.verb.as_str(), i.name.as_str(), i.watch_prefix),
+            ("watch", "p", true)
+        );
         let i = classify(Method::GET, "/api/v1/namespaces/default/pods/p/log/extra");
         assert!(i.extra_parts);
         let i = classify(Method::GET, "/version");
@@ -532,8 +615,21 @@ mod tests {
     }
 
     #[test]
-    fn body_and_accept_types() {
-        assert!(check_body_type("application/json; charset=utf-8").is_ok());
-        assert_eq!(check_body_type("application/vnd.kubernetes.protobuf").unwrap_err().status.code, 415);
+    fn body_types() {
+        let req = |ct: &str| {
+            http::Request::post("/api/v1/namespaces/default/configmaps")
+                .header("content-type", ct)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0
+        };
+        let info = classify(Method::POST, "/api/v1/namespaces/default/configmaps");
+        let json = Bytes::from_static(b"{}");
+        assert!(json_body(&info, &req("application/json; charset=utf-8"), json.clone()).is_ok());
+        let yaml = json_body(&info, &req("application/yaml"), json.clone()).unwrap_err();
+        assert_eq!(yaml.status.code, 415);
+        let garbage = json_body(&info, &req("application/vnd.kubernetes.protobuf"), json);
+        assert_eq!(garbage.unwrap_err().status.code, 415);
     }
 }

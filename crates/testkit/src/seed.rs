@@ -39,7 +39,10 @@ fn seed_fixture_pods(store: &Store) -> u64 {
     let list: Value = serde_json::from_str(PODS).expect("the pod fixture is valid JSON");
     for pod in list["items"].as_array().into_iter().flatten() {
         let ns = pod.pointer("/metadata/namespace").and_then(Value::as_str);
-        let name = pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+        let name = pod
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         store.insert_raw(pods, &object_key(pods, ns, name), pod.clone());
     }
     list.pointer("/metadata/resourceVersion")
@@ -49,44 +52,59 @@ fn seed_fixture_pods(store: &Store) -> u64 {
 }
 
 fn namespace(name: &str) -> (&'static str, Value) {
-    ("v1/namespaces", json!({"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}))
+    (
+        "v1/namespaces",
+        json!({"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
+    )
 }
 
 fn node(name: &str, labels: Value) -> (&'static str, Value) {
     let now = util::now_rfc3339();
-    ("v1/nodes", json!({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"podCIDR": "10.244.0.0/24"},
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "kubelet is posting ready status",
-                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-            "addresses": [{"type": "InternalIP", "address": "172.18.0.2"}, {"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": "v1.32.4", "kubeProxyVersion": "v1.32.4",
-                         "operatingSystem": "linux", "architecture": "amd64",
-                         "containerRuntimeVersion": "containerd://1.7.24", "osImage": "Debian GNU/Linux 12 (bookworm)",
-                         "kernelVersion": "6.1.0", "machineID": "", "systemUUID": "", "bootID": ""},
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        },
-    }))
+    (
+        "v1/nodes",
+        json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"podCIDR": "10.244.0.0/24"},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "kubelet is posting ready status",
+                                "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "addresses": [{"type": "InternalIP", "address": "172.18.0.2"}, {"type": "Hostname", "address": name}],
+                "nodeInfo": {"kubeletVersion": "v1.32.4", "kubeProxyVersion": "v1.32.4",
+                             "operatingSystem": "linux", "architecture": "amd64",
+                             "containerRuntimeVersion": "containerd://1.7.24", "osImage": "Debian GNU/Linux 12 (bookworm)",
+                             "kernelVersion": "6.1.0", "machineID": "", "systemUUID": "", "bootID": ""},
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            },
+        }),
+    )
 }
 
 fn lease(node: &str) -> (&'static str, Value) {
     // MicroTime: RFC 3339 with microseconds.
     let renew = util::now_rfc3339().replace('Z', ".000000Z");
-    ("coordination.k8s.io/v1/leases", json!({
-        "metadata": {"name": node, "namespace": "kube-node-lease",
-                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": util::new_uid()}]},
-        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": renew},
-    }))
+    (
+        "coordination.k8s.io/v1/leases",
+        json!({
+            "metadata": {"name": node, "namespace": "kube-node-lease",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": util::new_uid()}]},
+            "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": renew},
+        }),
+    )
 }
 
 fn service_account(ns: &str, name: &str) -> (&'static str, Value) {
-    ("v1/serviceaccounts", json!({"metadata": {"name": name, "namespace": ns}}))
+    (
+        "v1/serviceaccounts",
+        json!({"metadata": {"name": name, "namespace": ns}}),
+    )
 }
 
 fn config_map(ns: &str, name: &str, data: Value) -> (&'static str, Value) {
-    ("v1/configmaps", json!({"metadata": {"name": name, "namespace": ns}, "data": data}))
+    (
+        "v1/configmaps",
+        json!({"metadata": {"name": name, "namespace": ns}, "data": data}),
+    )
 }
 
 fn objects(pki: &TestPki) -> Vec<(&'static str, Value)> {
@@ -95,7 +113,10 @@ fn objects(pki: &TestPki) -> Vec<(&'static str, Value)> {
         out.push(namespace(ns));
     }
     out.push(node(CONTROL_PLANE_NODE, json!({"kubernetes.io/hostname": CONTROL_PLANE_NODE, "node-role.kubernetes.io/control-plane": ""})));
-    out.push(node(EDGE_NODE, json!({"kubernetes.io/hostname": EDGE_NODE, "openyurt.io/is-edge-worker": "true"})));
+    out.push(node(
+        EDGE_NODE,
+        json!({"kubernetes.io/hostname": EDGE_NODE, "openyurt.io/is-edge-worker": "true"}),
+    ));
     out.push(lease(EDGE_NODE));
     out.push(("v1/services", json!({
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
@@ -109,7 +130,11 @@ fn objects(pki: &TestPki) -> Vec<(&'static str, Value)> {
     })));
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         out.push(service_account(ns, "default"));
-        out.push(config_map(ns, "kube-root-ca.crt", json!({"ca.crt": pki.ca_pem})));
+        out.push(config_map(
+            ns,
+            "kube-root-ca.crt",
+            json!({"ca.crt": pki.ca_pem}),
+        ));
     }
     for sa in ["coredns", "kube-proxy", "kindnet"] {
         out.push(service_account("kube-system", sa));
@@ -128,7 +153,9 @@ mod tests {
         let store = Store::new(100, 0);
         seed(&store, &TestPki::new().unwrap());
         let pods = by_gvr("v1/pods").unwrap();
-        let coredns = store.get(pods, "kube-system/coredns-668d6bf9bc-898sq").unwrap();
+        let coredns = store
+            .get(pods, "kube-system/coredns-668d6bf9bc-898sq")
+            .unwrap();
         assert_eq!(coredns["metadata"]["resourceVersion"], "435");
         assert!(store.current_rv() > 503);
         let nodes = by_gvr("v1/nodes").unwrap();

@@ -96,7 +96,11 @@ fn pem_certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TestkitError> {
         .map_err(|e| TestkitError::Other(format!("bad certificate PEM: {e}")))
 }
 
-fn tls_acceptor(pki: &TestPki, authn: &Authenticator, mandatory: bool) -> Result<TlsAcceptor, TestkitError> {
+fn tls_acceptor(
+    pki: &TestPki,
+    authn: &Authenticator,
+    mandatory: bool,
+) -> Result<TlsAcceptor, TestkitError> {
     let key = PrivateKeyDer::from_pem_slice(pki.server.key_pem.as_bytes())
         .map_err(|e| TestkitError::Other(format!("bad key PEM: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -228,8 +232,16 @@ impl FakeApiServer {
             .unwrap_or("")
             .to_owned();
         let store = &self.shared.store;
-        registry::update(store, def, ns.as_deref(), &name, obj, Part::Main, Origin::Server)
-            .map(|w| w.object)
+        registry::update(
+            store,
+            def,
+            ns.as_deref(),
+            &name,
+            obj,
+            Part::Main,
+            Origin::Server,
+        )
+        .map(|w| w.object)
     }
 
     /// Deletes an object (finalizers are honoured); returns it.
@@ -241,7 +253,10 @@ impl FakeApiServer {
     /// The object, with `kind` and `apiVersion`.
     pub fn get(&self, gvr: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
         let def = by_gvr(gvr)?;
-        let obj = self.shared.store.get(def, &object_key(def, namespace, name))?;
+        let obj = self
+            .shared
+            .store
+            .get(def, &object_key(def, namespace, name))?;
         Some(typed(def, &obj))
     }
 
@@ -306,7 +321,11 @@ impl FakeApiServer {
         let held: Vec<TcpStream> = std::mem::take(&mut *lock(&self.held));
         let mut conns = lock(&self.connections);
         for tcp in held {
-            conns.spawn(serve_connection(self.shared.clone(), self.acceptor.clone(), tcp));
+            conns.spawn(serve_connection(
+                self.shared.clone(),
+                self.acceptor.clone(),
+                tcp,
+            ));
         }
     }
 

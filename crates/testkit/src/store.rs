@@ -115,7 +115,11 @@ impl Store {
     }
 
     /// Objects whose key starts with `prefix` (`""` = all), in key order, at the current revision.
-    pub fn list(&self, def: &'static ResourceDef, prefix: &str) -> (u64, Vec<(String, Arc<Value>)>) {
+    pub fn list(
+        &self,
+        def: &'static ResourceDef,
+        prefix: &str,
+    ) -> (u64, Vec<(String, Arc<Value>)>) {
         let inner = self.lock();
         let items = inner
             .tables
@@ -307,7 +311,9 @@ mod tests {
     fn put(store: &Store, name: &str, v: &str) -> u64 {
         let def = by_gvr("v1/configmaps").unwrap();
         let obj = store
-            .mutate(def, &format!("default/{name}"), |_, _| Ok(Mutation::Put(cm(name, v))))
+            .mutate(def, &format!("default/{name}"), |_, _| {
+                Ok(Mutation::Put(cm(name, v)))
+            })
             .unwrap()
             .unwrap();
         resource_version_of(&obj).unwrap()
@@ -373,7 +379,9 @@ mod tests {
     fn noop_mutations_do_not_bump() {
         let store = Store::new(10, 5);
         let def = by_gvr("v1/configmaps").unwrap();
-        let got = store.mutate(def, "default/x", |_, _| Ok(Mutation::Noop)).unwrap();
+        let got = store
+            .mutate(def, "default/x", |_, _| Ok(Mutation::Noop))
+            .unwrap();
         assert!(got.is_none());
         assert_eq!(store.current_rv(), 5);
         assert!(store.events_since(def, 0).unwrap().0.is_empty());
@@ -385,7 +393,10 @@ mod tests {
         let def = by_gvr("v1/configmaps").unwrap();
         put(&store, "a", "1");
         store.compact_all();
-        assert_eq!(store.events_since(def, 0).unwrap_err(), TooOld { oldest: 1 });
+        assert_eq!(
+            store.events_since(def, 0).unwrap_err(),
+            TooOld { oldest: 1 }
+        );
         let other = by_gvr("v1/secrets").unwrap();
         assert!(store.events_since(other, 0).is_err());
         assert!(store.events_since(other, 1).unwrap().0.is_empty());

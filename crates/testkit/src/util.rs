@@ -134,7 +134,10 @@ mod tests {
         assert_eq!(rfc3339(Duration::from_secs(0)), "1970-01-01T00:00:00Z");
         let t = parse_rfc3339("2026-02-27T01:23:36Z").unwrap();
         assert_eq!(rfc3339(t), "2026-02-27T01:23:36Z");
-        assert_eq!(rfc3339(Duration::from_secs(951_782_400)), "2000-02-29T00:00:00Z");
+        assert_eq!(
+            rfc3339(Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00Z"
+        );
         assert!(parse_rfc3339("yesterday").is_none());
     }
 
@@ -149,7 +152,13 @@ mod tests {
 
     #[test]
     fn human_durations_match_kubectl_age() {
-        let cases = [(5, "5s"), (125, "2m5s"), (600, "10m"), (3 * 3600 + 60, "3h1m"), (90_000, "25h")];
+        let cases = [
+            (5, "5s"),
+            (125, "2m5s"),
+            (600, "10m"),
+            (3 * 3600 + 60, "3h1m"),
+            (90_000, "25h"),
+        ];
         for (secs, want) in cases {
             assert_eq!(human_duration(Duration::from_secs(secs)), want);
         }

@@ -136,7 +136,8 @@ impl WatchStream {
                 self.cursor = self.cursor.max(rv);
             }
             Err(too_old) => {
-                self.queue.push_back(expired_event(self.cursor, too_old.oldest));
+                self.queue
+                    .push_back(expired_event(self.cursor, too_old.oldest));
                 self.finished = true;
             }
         }
@@ -161,9 +162,11 @@ impl WatchStream {
         let deadline = self.deadline;
         let bookmarks_on = self.bookmarks.is_some();
         let blackholed = *self.blackhole.borrow_and_update();
+        // Biased: a cut or a blackhole flip that raced with a write must win over the write.
         tokio::select! {
+            biased;
             _ = self.cut.changed() => return Some(Step::Abort),
-            _ = self.blackhole.changed(), if blackholed => {}
+            _ = self.blackhole.changed() => {}
             _ = sleep_until_opt(deadline), if !blackholed => self.finished = true,
             _ = self.changes.changed(), if !blackholed => self.pull(),
             _ = tick(&mut self.bookmarks), if bookmarks_on && !blackholed => {
@@ -195,9 +198,7 @@ async fn tick(interval: &mut Option<Interval>) {
 
 /// The `ERROR` event for a resourceVersion older than the event window.
 fn expired_event(requested: u64, oldest: u64) -> Bytes {
-    let status = Status::expired(format!(
-        "too old resource version: {requested} ({oldest})"
-    ));
+    let status = Status::expired(format!("too old resource version: {requested} ({oldest})"));
     line("ERROR", &status.to_value())
 }
 
@@ -246,7 +247,10 @@ fn open(
     options: ListOptions,
     requested: Option<u64>,
 ) -> WatchStream {
-    let interval = shared.config.bookmark_interval.max(Duration::from_millis(10));
+    let interval = shared
+        .config
+        .bookmark_interval
+        .max(Duration::from_millis(10));
     let bookmarks = options.allow_watch_bookmarks.then(|| {
         let mut i = tokio::time::interval_at(Instant::now() + interval, interval);
         i.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -294,8 +298,14 @@ fn streaming_response(w: WatchStream) -> Response<Body> {
     });
     let mut resp = Response::new(StreamBody::new(frames).boxed());
     let headers = resp.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
     resp
 }
 

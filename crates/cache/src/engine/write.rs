@@ -1,0 +1,390 @@
+//! How upstream responses change the keyspace. Each public function plans one [`WriteBatch`]
+//! from the current state; [`Engine::write`] commits it atomically.
+//!
+//! Rules, in one place:
+//! - an object is never replaced by an older resourceVersion (both parse and the new one is
+//!   smaller); equal or unparseable versions are accepted;
+//! - a LIST replaces its scope's membership, sets the scope RV to the list RV and resets the
+//!   scope's event log (the events between the old log and the relist are unknown);
+//! - ADDED/MODIFIED upsert the object and make it a member; DELETED removes the object from
+//!   every scope of its component and drops its pin, unless the cache holds a newer version
+//!   (then only this scope's membership goes);
+//! - an object nobody references any more (no membership, no pin) is deleted with the last
+//!   reference.
+
+use std::collections::BTreeSet;
+
+use crate::engine::Engine;
+use crate::error::CacheError;
+use crate::json::{self, Identity};
+use crate::keys::{self, MEMBER, OBJECT, PIN, SCOPE};
+use crate::kv::{Kv, WriteBatch};
+use crate::model::{
+    EventType, Gvr, ObjectKey, ReplaceOutcome, ResourceVersion, Scope, ScopeId, WriteOutcome,
+};
+use crate::record::{self, ScopeMeta};
+
+/// Reads the current state and accumulates one batch.
+struct Planner<'a, K> {
+    kv: &'a K,
+    batch: WriteBatch,
+    now_ms: u64,
+    max_events: usize,
+}
+
+impl<'a, K: Kv> Planner<'a, K> {
+    fn new(kv: &'a K, max_events: usize) -> Self {
+        Planner {
+            kv,
+            batch: WriteBatch::default(),
+            now_ms: record::now_millis(),
+            max_events,
+        }
+    }
+
+    /// The stored object's version; a corrupt record counts as absent so the write heals it.
+    fn stored_rv(&self, key: &ObjectKey) -> Result<Option<ResourceVersion>, CacheError> {
+        let raw = self.kv.get(&keys::object_key(OBJECT, key))?;
+        Ok(raw.and_then(|raw| record::decode_object(&raw).ok().map(|o| o.resource_version)))
+    }
+
+    /// Writes the object unless a newer version is stored; returns that newer version if so.
+    fn upsert(
+        &mut self,
+        key: &ObjectKey,
+        id: &Identity,
+        bytes: &[u8],
+    ) -> Result<Option<ResourceVersion>, CacheError> {
+        if let Some(stored) = self.stored_rv(key)?
+            && id.rv.is_older_than(&stored)
+        {
+            return Ok(Some(stored));
+        }
+        let value = record::encode_object(id.rv.as_str(), &id.uid, bytes, self.now_ms);
+        self.batch.put(keys::object_key(OBJECT, key), value);
+        Ok(None)
+    }
+
+    fn scope_meta(&self, scope: &ScopeId) -> Result<Option<ScopeMeta>, CacheError> {
+        let raw = self.kv.get(&keys::scope_key(SCOPE, scope))?;
+        Ok(raw.and_then(|raw| record::decode_scope(&raw).ok()))
+    }
+
+    /// Every stored scope of the object's component and resource (typically one to three).
+    fn sibling_scopes(&self, component: &str, gvr: &Gvr) -> Result<Vec<ScopeId>, CacheError> {
+        let prefix = keys::resource_prefix(SCOPE, component, gvr);
+        self.kv
+            .scan(&prefix)
+            .filter_map(|entry| entry.map(|(k, _)| keys::decode_scope_key(&k)).transpose())
+            .collect()
+    }
+
+    /// Whether anything other than `except` still holds the object.
+    fn referenced_elsewhere(&self, key: &ObjectKey, except: &ScopeId) -> Result<bool, CacheError> {
+        if self.kv.get(&keys::object_key(PIN, key))?.is_some() {
+            return Ok(true);
+        }
+        for scope in self.sibling_scopes(&key.component, &key.gvr)? {
+            let member = keys::member_key(&scope, &key.namespace, &key.name);
+            if scope != *except && self.kv.get(&member)?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Drops `scope`'s membership, and the object itself if that was its last reference.
+    fn leave_scope(&mut self, key: &ObjectKey, scope: &ScopeId) -> Result<(), CacheError> {
+        self.batch
+            .remove(keys::member_key(scope, &key.namespace, &key.name));
+        if !self.referenced_elsewhere(key, scope)? {
+            self.batch.remove(keys::object_key(OBJECT, key));
+        }
+        Ok(())
+    }
+
+    /// Removes the object, its pin and its membership in every scope.
+    fn remove_everywhere(&mut self, key: &ObjectKey) -> Result<bool, CacheError> {
+        let object = keys::object_key(OBJECT, key);
+        let existed = self.kv.get(&object)?.is_some();
+        self.batch.remove(object);
+        self.batch.remove(keys::object_key(PIN, key));
+        for scope in self.sibling_scopes(&key.component, &key.gvr)? {
+            self.batch
+                .remove(keys::member_key(&scope, &key.namespace, &key.name));
+        }
+        Ok(existed)
+    }
+
+    fn put_scope(&mut self, scope: &ScopeId, meta: &ScopeMeta) {
+        self.batch
+            .put(keys::scope_key(SCOPE, scope), record::encode_scope(meta));
+    }
+
+    /// Appends to the scope's log and trims it to `max_events`, moving the floor up.
+    fn log_event(
+        &mut self,
+        scope: &ScopeId,
+        meta: &mut ScopeMeta,
+        event_type: EventType,
+        rv: &ResourceVersion,
+        bytes: &[u8],
+    ) -> Result<(), CacheError> {
+        if self.max_events == 0 {
+            meta.log_floor_rv = meta.rv.clone();
+            return Ok(());
+        }
+        let value = record::encode_event(event_type, rv.as_str(), bytes);
+        self.batch.put(keys::event_key(scope, meta.log_next), value);
+        meta.log_next += 1;
+        while meta.log_next - meta.log_first > self.max_events as u64 {
+            self.trim_oldest(scope, meta)?;
+        }
+        Ok(())
+    }
+
+    fn trim_oldest(&mut self, scope: &ScopeId, meta: &mut ScopeMeta) -> Result<(), CacheError> {
+        let key = keys::event_key(scope, meta.log_first);
+        let trimmed = self.kv.get(&key)?;
+        let trimmed_rv = trimmed.and_then(|raw| record::decode_event(&raw).ok());
+        // If the trimmed event is unreadable its version is unknown: only watches from the
+        // current scope version can still be served exactly.
+        meta.log_floor_rv = match trimmed_rv {
+            Some(event) => event.resource_version.as_str().to_owned(),
+            None => meta.rv.clone(),
+        };
+        self.batch.remove(key);
+        meta.log_first += 1;
+        Ok(())
+    }
+
+    fn clear_log(&mut self, scope: &ScopeId) -> Result<(), CacheError> {
+        let prefix = keys::scope_key(keys::EVENT, scope);
+        let keys: Vec<Vec<u8>> = self
+            .kv
+            .scan(&prefix)
+            .map(|entry| entry.map(|(k, _)| k))
+            .collect::<Result<_, _>>()?;
+        keys.into_iter().for_each(|k| self.batch.remove(k));
+        Ok(())
+    }
+
+    fn members(&self, scope: &ScopeId) -> Result<BTreeSet<(String, String)>, CacheError> {
+        let prefix = keys::scope_key(MEMBER, scope);
+        let mut members = BTreeSet::new();
+        for entry in self.kv.scan(&prefix) {
+            let (key, _) = entry?;
+            if let Some(member) = keys::decode_member(&key, prefix.len()) {
+                members.insert(member);
+            }
+        }
+        Ok(members)
+    }
+}
+
+/// Moves the scope's version forward (never back, never to an empty string).
+fn advance(meta: &mut ScopeMeta, rv: &ResourceVersion, now_ms: u64) {
+    if !rv.as_str().is_empty() && !rv.is_older_than(&ResourceVersion::new(&meta.rv)) {
+        meta.rv = rv.as_str().to_owned();
+    }
+    meta.updated_ms = now_ms;
+}
+
+/// Objects of a namespaced scope must come from that namespace.
+fn check_namespace(scope: &Scope, id: &Identity) -> Result<(), CacheError> {
+    match &scope.namespace {
+        Some(ns) if *ns != id.namespace => Err(CacheError::InvalidObject(format!(
+            "object {}/{} is outside scope namespace {ns}",
+            id.namespace, id.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn object_key(scope: &Scope, id: &Identity) -> ObjectKey {
+    ObjectKey::new(&scope.component, &scope.gvr, &id.namespace, &id.name)
+}
+
+fn parse_items<'b>(
+    scope: &Scope,
+    items: &[&'b [u8]],
+) -> Result<Vec<(Identity, &'b [u8])>, CacheError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            let id = json::identity(bytes)
+                .map_err(|e| CacheError::InvalidObject(format!("list item {i}: {e}")))?;
+            check_namespace(scope, &id)?;
+            Ok((id, *bytes))
+        })
+        .collect()
+}
+
+impl<K: Kv> Engine<K> {
+    pub(crate) fn replace_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        items: &[&[u8]],
+    ) -> Result<ReplaceOutcome, CacheError> {
+        let parsed = parse_items(scope, items)?;
+        let id = scope.id();
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let old_meta = p.scope_meta(&id)?;
+            let old_members = p.members(&id)?;
+            let mut outcome = ReplaceOutcome::default();
+            let mut new_members = BTreeSet::new();
+            for (item, bytes) in &parsed {
+                let key = object_key(scope, item);
+                match p.upsert(&key, item, bytes)? {
+                    None => outcome.stored += 1,
+                    Some(_) => outcome.kept_newer += 1,
+                }
+                p.batch
+                    .put(keys::member_key(&id, &key.namespace, &key.name), Vec::new());
+                new_members.insert((key.namespace, key.name));
+            }
+            for (ns, name) in old_members.difference(&new_members) {
+                p.leave_scope(&ObjectKey::new(&scope.component, &scope.gvr, ns, name), &id)?;
+                outcome.removed += 1;
+            }
+            p.clear_log(&id)?;
+            // Sequence numbers keep counting across relists so no event key is ever reused.
+            let next = old_meta.as_ref().map_or(0, |m| m.log_next);
+            let meta = ScopeMeta {
+                rv: list_rv.to_owned(),
+                generation: old_meta.map_or(1, |m| m.generation + 1),
+                updated_ms: p.now_ms,
+                log_first: next,
+                log_next: next,
+                log_floor_rv: list_rv.to_owned(),
+            };
+            p.put_scope(&id, &meta);
+            Ok((p.batch, outcome))
+        })
+    }
+
+    pub(crate) fn apply_event(
+        &self,
+        scope: &Scope,
+        event_type: EventType,
+        bytes: &[u8],
+    ) -> Result<WriteOutcome, CacheError> {
+        if event_type == EventType::Bookmark {
+            return self.apply_bookmark(scope, bytes);
+        }
+        let item = json::identity(bytes)?;
+        check_namespace(scope, &item)?;
+        let id = scope.id();
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let key = object_key(scope, &item);
+            let meta = p.scope_meta(&id)?;
+            let outcome = match event_type {
+                EventType::Deleted => plan_delete(&mut p, &key, &item, &id, meta.is_some())?,
+                _ => plan_upsert(&mut p, &key, &item, bytes, &id, meta.is_some())?,
+            };
+            if let Some(mut meta) = meta {
+                advance(&mut meta, &item.rv, p.now_ms);
+                p.log_event(&id, &mut meta, event_type, &item.rv, bytes)?;
+                p.put_scope(&id, &meta);
+            }
+            Ok((p.batch, outcome))
+        })
+    }
+
+    fn apply_bookmark(&self, scope: &Scope, bytes: &[u8]) -> Result<WriteOutcome, CacheError> {
+        let rv = json::bookmark_rv(bytes)?;
+        let id = scope.id();
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let Some(mut meta) = p.scope_meta(&id)? else {
+                return Ok((p.batch, WriteOutcome::ScopeUnknown));
+            };
+            advance(&mut meta, &rv, p.now_ms);
+            p.put_scope(&id, &meta);
+            Ok((p.batch, WriteOutcome::Bookmarked))
+        })
+    }
+
+    pub(crate) fn put_object(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+        bytes: &[u8],
+    ) -> Result<WriteOutcome, CacheError> {
+        let item = json::identity(bytes)?;
+        let key = ObjectKey::new(component, gvr, &item.namespace, &item.name);
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let outcome = match p.upsert(&key, &item, bytes)? {
+                None => WriteOutcome::Stored,
+                Some(stored) => WriteOutcome::KeptNewer { stored },
+            };
+            p.batch.put(keys::object_key(PIN, &key), Vec::new());
+            Ok((p.batch, outcome))
+        })
+    }
+
+    pub(crate) fn delete_object(&self, key: &ObjectKey) -> Result<bool, CacheError> {
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let existed = p.remove_everywhere(key)?;
+            Ok((p.batch, existed))
+        })
+    }
+}
+
+/// ADDED / MODIFIED. Without a known scope only objects the component already has are refreshed.
+fn plan_upsert<K: Kv>(
+    p: &mut Planner<'_, K>,
+    key: &ObjectKey,
+    item: &Identity,
+    bytes: &[u8],
+    scope: &ScopeId,
+    scope_known: bool,
+) -> Result<WriteOutcome, CacheError> {
+    if !scope_known && p.stored_rv(key)?.is_none() {
+        return Ok(WriteOutcome::ScopeUnknown);
+    }
+    let outcome = match p.upsert(key, item, bytes)? {
+        None => WriteOutcome::Stored,
+        Some(stored) => WriteOutcome::KeptNewer { stored },
+    };
+    if scope_known {
+        p.batch.put(
+            keys::member_key(scope, &key.namespace, &key.name),
+            Vec::new(),
+        );
+    }
+    Ok(outcome)
+}
+
+/// DELETED. A delete older than the stored version only means "gone from this scope".
+fn plan_delete<K: Kv>(
+    p: &mut Planner<'_, K>,
+    key: &ObjectKey,
+    item: &Identity,
+    scope: &ScopeId,
+    scope_known: bool,
+) -> Result<WriteOutcome, CacheError> {
+    match p.stored_rv(key)? {
+        Some(stored) if item.rv.is_older_than(&stored) => {
+            if scope_known {
+                p.leave_scope(key, scope)?;
+            }
+            Ok(WriteOutcome::KeptNewer { stored })
+        }
+        Some(_) => {
+            p.remove_everywhere(key)?;
+            Ok(WriteOutcome::Deleted)
+        }
+        None if scope_known => {
+            p.remove_everywhere(key)?;
+            Ok(WriteOutcome::Deleted)
+        }
+        None => Ok(WriteOutcome::ScopeUnknown),
+    }
+}

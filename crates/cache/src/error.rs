@@ -1,0 +1,64 @@
+//! Errors of the cache. [`CacheError`] is every failure of a store call; [`ReplayError`] adds the
+//! one expected outcome of an offline WATCH that the cache cannot serve.
+
+use std::path::PathBuf;
+
+use crate::model::ResourceVersion;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// A file-system operation on the cache directory failed (create, read `CURRENT`, swap).
+    #[error("cache {op} at {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// sled failed: opening, writing, flushing. After a write error sled may refuse every later
+    /// write until the store is reopened.
+    #[error("cache {op}: {source}")]
+    Sled {
+        op: &'static str,
+        #[source]
+        source: sled::Error,
+    },
+    /// The bytes handed to the cache are not a Kubernetes object it can key (not JSON, no
+    /// `metadata.name`, wrong namespace for the scope). Nothing was written.
+    #[error("cannot cache object: {0}")]
+    InvalidObject(String),
+}
+
+impl CacheError {
+    pub(crate) fn sled(op: &'static str) -> impl FnOnce(sled::Error) -> CacheError {
+        move |source| CacheError::Sled { op, source }
+    }
+
+    pub(crate) fn io(op: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> CacheError {
+        move |source| CacheError::Io { op, path, source }
+    }
+
+    /// Whether the error is about storage (and so makes the store degraded) rather than input.
+    pub fn is_storage(&self) -> bool {
+        !matches!(self, CacheError::InvalidObject(_))
+    }
+}
+
+/// Why [`Store::events_since`](crate::Store::events_since) returned no events.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The cache cannot prove it holds every event after the requested version (the log was
+    /// trimmed or reset by a relist, the version is unknown, or no scope covers the watch).
+    /// Answer `410 Gone` so the client relists.
+    #[error("resourceVersion too old for the cached watch log")]
+    TooOld(TooOld),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooOld {
+    /// The oldest version a watch could start from, when a scope covers the request.
+    pub oldest_available: Option<ResourceVersion>,
+}

@@ -1,0 +1,108 @@
+//! The edge cache's storage layer: what the proxy tees from upstream GET / LIST / WATCH
+//! responses, per component, and serves back when the cloud is unreachable. No HTTP here.
+//!
+//! Start with the [`Store`] trait (the whole API), then [`Scope`] (how LIST results, watch events
+//! and single GETs share one copy of each object). [`SledStore`] is the on-disk store under
+//! `--disk-cache-path`; [`MemStore`] is the same semantics over a `BTreeMap`.
+//!
+//! - [`model`]: keys, scopes, results.
+//! - `engine`: the semantics, written once over a small key-value seam (`kv`):
+//!   `engine::write` (update rules), `engine::read` (which scope answers a query),
+//!   `engine::maintain` (verify, stats).
+//! - `keys` / `record`: the on-disk key layout and checksummed values (documented there).
+//! - [`sled_store`]: directory layout, flush policy, crash safety, compaction.
+//!
+//! # Threading
+//! Every method blocks: sled does disk I/O and the store serializes writers behind a lock. Call
+//! writes from one dedicated writer task (a `spawn_blocking` loop fed by a bounded channel, so a
+//! slow disk drops cache writes instead of slowing clients) and reads through `spawn_blocking`.
+//! Never call the store on an async worker thread.
+
+mod engine;
+mod error;
+mod json;
+mod keys;
+mod kv;
+mod mem;
+pub mod model;
+mod record;
+pub mod sled_store;
+
+pub use error::{CacheError, ReplayError, TooOld};
+pub use mem::MemStore;
+pub use model::{
+    CachedObject, CompactReport, CorruptEntry, Event, EventType, Gvr, Health, ListResult, Lookup,
+    ObjectKey, ReplaceOutcome, ResourceStats, ResourceVersion, Scope, ScopeId, VerifyReport,
+    WriteOutcome,
+};
+pub use sled_store::{SledOptions, SledStore};
+
+/// The cache API the proxy programs against. Object-safe, so the proxy can hold an
+/// `Arc<dyn Store>` and tests can swap in a [`MemStore`].
+///
+/// Object bytes go in and come out exactly as upstream sent them. Components are isolated: every
+/// read names its component and sees only what that component cached.
+pub trait Store: Send + Sync {
+    /// Stores one object from a GET (or create/update/patch response) and *pins* it, so it
+    /// survives relists of scopes that drop it. Never replaces a newer resourceVersion.
+    fn put_object(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+        object: &[u8],
+    ) -> Result<WriteOutcome, CacheError>;
+
+    /// Forgets an object everywhere (pin and every scope's membership), e.g. after an upstream
+    /// 404. Returns whether it was cached.
+    fn delete_object(&self, key: &ObjectKey) -> Result<bool, CacheError>;
+
+    /// Atomically replaces a scope with a LIST result: `items` are the list's items, each the
+    /// upstream bytes of one object. Members missing from `items` leave the scope (and are
+    /// deleted if nothing else holds them), the scope's RV becomes `list_rv`, and its watch log
+    /// restarts at `list_rv`. All or nothing: one unparseable item fails the whole call.
+    fn replace_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        items: &[&[u8]],
+    ) -> Result<ReplaceOutcome, CacheError>;
+
+    /// Applies one watch event of the stream that followed the scope's LIST, in order. See
+    /// `engine::write` for the rules (older versions never win; DELETED removes the object from
+    /// the component's cache; BOOKMARK only advances the scope's RV).
+    fn apply_event(
+        &self,
+        scope: &Scope,
+        event_type: EventType,
+        object: &[u8],
+    ) -> Result<WriteOutcome, CacheError>;
+
+    fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError>;
+
+    /// Serves a LIST. `query` is the client's request as a scope (its selectors are evaluated on
+    /// the stored JSON where the answering scope did not already apply them). `None` = no cached
+    /// scope covers the query. See `engine::read` for how the answering scope is chosen.
+    fn list(&self, query: &Scope) -> Result<Option<ListResult>, CacheError>;
+
+    /// The stored scope's last known resourceVersion (exact scope, no covering).
+    fn scope_resource_version(&self, scope: &Scope) -> Result<Option<ResourceVersion>, CacheError>;
+
+    /// The events an offline WATCH from `rv` missed, from the scope [`Store::list`] would use,
+    /// filtered like the list. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
+    fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError>;
+
+    /// Checks every entry; corrupt ones are quarantined and reported.
+    fn verify(&self) -> Result<VerifyReport, CacheError>;
+
+    fn stats(&self) -> Result<Vec<ResourceStats>, CacheError>;
+
+    fn health(&self) -> Health;
+
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<(), CacheError>;
+
+    fn size_on_disk(&self) -> Result<u64, CacheError>;
+
+    /// Rewrites the store without the garbage its engine accumulates.
+    fn compact(&self) -> Result<CompactReport, CacheError>;
+}

@@ -1,0 +1,610 @@
+//! The behaviour every `Store` must have, run against `MemStore` and `SledStore` alike.
+
+mod common;
+
+use common::{bookmark, field, pod, pods, refs, scope};
+use outpost_cache::{
+    EventType, Gvr, Lookup, ObjectKey, ReplaceOutcome, ReplayError, SledOptions, SledStore, Store,
+    WriteOutcome,
+};
+
+/// Small on purpose, so trimming is exercised.
+const LOG: usize = 4;
+
+fn names(store: &dyn Store, query: &outpost_cache::Scope) -> Vec<String> {
+    let list = store
+        .list(query)
+        .expect("list")
+        .expect("a scope covers the query");
+    list.items
+        .iter()
+        .map(|o| field(&o.bytes, "/metadata/name"))
+        .collect()
+}
+
+fn found(store: &dyn Store, key: &ObjectKey) -> Option<String> {
+    match store.get(key).expect("get") {
+        Lookup::Found(o) => Some(o.resource_version.as_str().to_owned()),
+        Lookup::NotCached => None,
+        Lookup::Quarantined => panic!("{key} unexpectedly corrupt"),
+    }
+}
+
+fn key(ns: &str, name: &str) -> ObjectKey {
+    ObjectKey::new("kubelet", &pods(), ns, name)
+}
+
+fn replace_lists_items_in_key_order_with_the_list_rv(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let items = [
+        pod("b", "p2", "11", "n1", &[]),
+        pod("a", "p9", "12", "n1", &[]),
+        pod("a", "p1", "10", "n1", &[]),
+    ];
+    let outcome = store
+        .replace_scope(&s, "20", &refs(&items))
+        .expect("replace");
+    assert_eq!(
+        outcome,
+        ReplaceOutcome {
+            stored: 3,
+            kept_newer: 0,
+            removed: 0
+        }
+    );
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "20");
+    assert_eq!(list.served_from, s.id());
+    assert!(list.missing.is_empty());
+    assert_eq!(names(store, &s), ["p1", "p9", "p2"]);
+    assert_eq!(
+        store
+            .scope_resource_version(&s)
+            .expect("rv")
+            .map(|r| r.to_string()),
+        Some("20".into())
+    );
+}
+
+fn bytes_are_stored_verbatim(store: &dyn Store) {
+    let odd = br#"{ "status":{"phase":"Running"} , "metadata":{"resourceVersion":"5","name":"p","namespace":"a","uid":"u"},"x":1.50e0 }"#;
+    store.put_object("kubelet", &pods(), odd).expect("put");
+    let Lookup::Found(obj) = store.get(&key("a", "p")).expect("get") else {
+        panic!("not found")
+    };
+    assert_eq!(&obj.bytes[..], &odd[..]);
+    assert_eq!(
+        (obj.uid.as_str(), obj.resource_version.number()),
+        ("u", Some(5))
+    );
+}
+
+fn a_relist_drops_missing_members_but_not_pinned_objects(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let v1 = [
+        pod("a", "p1", "10", "n1", &[]),
+        pod("a", "p2", "11", "n1", &[]),
+        pod("a", "p3", "12", "n1", &[]),
+    ];
+    store.replace_scope(&s, "12", &refs(&v1)).expect("replace");
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p2", "11", "n1", &[]))
+        .expect("GET p2");
+    let v2 = [
+        pod("a", "p1", "10", "n1", &[]),
+        pod("a", "p4", "13", "n1", &[]),
+    ];
+    let outcome = store.replace_scope(&s, "13", &refs(&v2)).expect("replace");
+    assert_eq!(outcome.removed, 2);
+    assert_eq!(names(store, &s), ["p1", "p4"]);
+    assert_eq!(
+        found(store, &key("a", "p3")),
+        None,
+        "unreferenced object deleted"
+    );
+    assert_eq!(
+        found(store, &key("a", "p2")),
+        Some("11".into()),
+        "pinned object kept"
+    );
+}
+
+fn overlapping_scopes_share_one_copy_and_keep_their_own_members(store: &dyn Store) {
+    let by_node = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let in_a = scope("kubelet", &pods(), Some("a"), "", "");
+    store
+        .replace_scope(&by_node, "10", &refs(&[pod("a", "p1", "5", "n1", &[])]))
+        .expect("replace");
+    store
+        .replace_scope(
+            &in_a,
+            "11",
+            &refs(&[
+                pod("a", "p1", "6", "n1", &[]),
+                pod("a", "p2", "7", "n2", &[]),
+            ]),
+        )
+        .expect("replace");
+    assert_eq!(
+        found(store, &key("a", "p1")),
+        Some("6".into()),
+        "one copy, the newest"
+    );
+    store
+        .replace_scope(&in_a, "12", &refs(&[pod("a", "p2", "7", "n2", &[])]))
+        .expect("relist");
+    assert_eq!(
+        names(store, &by_node),
+        ["p1"],
+        "the other scope still holds p1"
+    );
+    assert_eq!(names(store, &in_a), ["p2"]);
+}
+
+fn an_older_resource_version_never_replaces_a_newer_one(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p", "10", "n1", &[])]))
+        .expect("replace");
+    let older = store
+        .apply_event(&s, EventType::Modified, &pod("a", "p", "9", "n1", &[]))
+        .expect("event");
+    assert!(
+        matches!(older, WriteOutcome::KeptNewer { ref stored } if stored.as_str() == "10"),
+        "{older:?}"
+    );
+    let put = store
+        .put_object("kubelet", &pods(), &pod("a", "p", "8", "n1", &[]))
+        .expect("put");
+    assert!(matches!(put, WriteOutcome::KeptNewer { .. }));
+    let relist = store
+        .replace_scope(&s, "11", &refs(&[pod("a", "p", "7", "n1", &[])]))
+        .expect("replace");
+    assert_eq!(relist.kept_newer, 1);
+    assert_eq!(found(store, &key("a", "p")), Some("10".into()));
+    let equal = store
+        .apply_event(&s, EventType::Modified, &pod("a", "p", "10", "n9", &[]))
+        .expect("event");
+    assert_eq!(equal, WriteOutcome::Stored, "equal versions are accepted");
+    let opaque = store
+        .apply_event(
+            &s,
+            EventType::Modified,
+            &pod("a", "p", "opaque-1", "n1", &[]),
+        )
+        .expect("event");
+    assert_eq!(
+        opaque,
+        WriteOutcome::Stored,
+        "unparseable versions are accepted"
+    );
+    assert_eq!(found(store, &key("a", "p")), Some("opaque-1".into()));
+}
+
+fn watch_events_upsert_delete_and_advance_the_scope(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "9", "n1", &[])]))
+        .expect("replace");
+    let added = store
+        .apply_event(&s, EventType::Added, &pod("a", "p2", "11", "n1", &[]))
+        .expect("add");
+    assert_eq!(added, WriteOutcome::Stored);
+    assert_eq!(names(store, &s), ["p1", "p2"]);
+    let deleted = store
+        .apply_event(&s, EventType::Deleted, &pod("a", "p1", "12", "n1", &[]))
+        .expect("del");
+    assert_eq!(deleted, WriteOutcome::Deleted);
+    assert_eq!(names(store, &s), ["p2"]);
+    assert_eq!(found(store, &key("a", "p1")), None);
+    let mark = store
+        .apply_event(&s, EventType::Bookmark, &bookmark("15"))
+        .expect("bookmark");
+    assert_eq!(mark, WriteOutcome::Bookmarked);
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "15");
+    assert_eq!(list.items.len(), 1, "a bookmark changes no object");
+    store
+        .apply_event(&s, EventType::Bookmark, &bookmark("14"))
+        .expect("old bookmark");
+    assert_eq!(
+        store
+            .scope_resource_version(&s)
+            .expect("rv")
+            .expect("known")
+            .as_str(),
+        "15"
+    );
+}
+
+fn deleted_removes_the_object_from_every_scope_and_its_pin(store: &dyn Store) {
+    let by_node = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let in_a = scope("kubelet", &pods(), Some("a"), "", "");
+    let p = pod("a", "p", "5", "n1", &[]);
+    store
+        .replace_scope(&by_node, "5", &[p.as_slice()])
+        .expect("replace");
+    store
+        .replace_scope(&in_a, "5", &[p.as_slice()])
+        .expect("replace");
+    store.put_object("kubelet", &pods(), &p).expect("pin");
+    store
+        .apply_event(&by_node, EventType::Deleted, &pod("a", "p", "6", "n1", &[]))
+        .expect("delete");
+    assert!(names(store, &in_a).is_empty());
+    assert_eq!(found(store, &key("a", "p")), None);
+}
+
+fn a_stale_delete_only_leaves_its_scope(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    store
+        .replace_scope(&s, "5", &refs(&[pod("a", "p", "5", "n1", &[])]))
+        .expect("replace");
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p", "9", "n1", &[]))
+        .expect("newer GET");
+    let outcome = store
+        .apply_event(&s, EventType::Deleted, &pod("a", "p", "6", "n1", &[]))
+        .expect("delete");
+    assert!(
+        matches!(outcome, WriteOutcome::KeptNewer { .. }),
+        "{outcome:?}"
+    );
+    assert!(names(store, &s).is_empty());
+    assert_eq!(
+        found(store, &key("a", "p")),
+        Some("9".into()),
+        "the pinned newer copy stays"
+    );
+}
+
+fn events_replay_after_a_version_and_refuse_older_ones(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    store.replace_scope(&s, "100", &[]).expect("replace");
+    for rv in 101..=103 {
+        let p = pod("a", &format!("p{rv}"), &rv.to_string(), "n1", &[]);
+        store.apply_event(&s, EventType::Added, &p).expect("add");
+    }
+    let rvs = |from: &str| -> Vec<String> {
+        let events = store.events_since(&s, from).expect("replayable");
+        events
+            .iter()
+            .map(|e| e.resource_version.to_string())
+            .collect()
+    };
+    assert_eq!(rvs("100"), ["101", "102", "103"]);
+    assert_eq!(rvs("101"), ["102", "103"]);
+    assert!(rvs("103").is_empty());
+    assert!(matches!(
+        store.events_since(&s, "99"),
+        Err(ReplayError::TooOld(_))
+    ));
+    for rv in 104..=106 {
+        store
+            .apply_event(
+                &s,
+                EventType::Modified,
+                &pod("a", "p101", &rv.to_string(), "n1", &[]),
+            )
+            .expect("mod");
+    }
+    assert_eq!(
+        rvs("102"),
+        ["103", "104", "105", "106"],
+        "log holds the last {LOG}"
+    );
+    match store.events_since(&s, "101") {
+        Err(ReplayError::TooOld(t)) => {
+            assert_eq!(t.oldest_available.expect("floor").as_str(), "102")
+        }
+        other => panic!("trimmed history must be too old: {other:?}"),
+    }
+    store.replace_scope(&s, "200", &[]).expect("relist");
+    assert!(
+        matches!(store.events_since(&s, "106"), Err(ReplayError::TooOld(_))),
+        "relist resets the log"
+    );
+    assert!(rvs("200").is_empty());
+}
+
+fn a_query_is_served_by_the_most_specific_covering_scope(store: &dyn Store) {
+    let all = scope("kubelet", &pods(), None, "", "");
+    let items = [
+        pod("a", "p1", "1", "n1", &[("app", "web")]),
+        pod("a", "p2", "2", "n2", &[("app", "web")]),
+        pod("b", "p3", "3", "n1", &[("app", "db")]),
+    ];
+    store
+        .replace_scope(&all, "10", &refs(&items))
+        .expect("replace");
+    let by_node = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    assert_eq!(
+        names(store, &by_node),
+        ["p1", "p3"],
+        "field selector evaluated on JSON"
+    );
+    let web_in_a = scope("kubelet", &pods(), Some("a"), "app=web", "");
+    assert_eq!(names(store, &web_in_a), ["p1", "p2"]);
+    let db = scope(
+        "kubelet",
+        &pods(),
+        None,
+        "app in (db)",
+        "status.phase=Running",
+    );
+    assert_eq!(names(store, &db), ["p3"]);
+
+    store
+        .replace_scope(
+            &by_node,
+            "20",
+            &refs(&[pod("a", "p1", "1", "n1", &[("app", "web")])]),
+        )
+        .expect("exact");
+    let list = store.list(&by_node).expect("list").expect("cached");
+    assert_eq!(
+        (list.served_from, list.resource_version.as_str()),
+        (by_node.id(), "20")
+    );
+    assert_eq!(
+        store.list(&all).expect("list").expect("cached").served_from,
+        all.id()
+    );
+}
+
+fn a_query_without_a_covering_scope_is_not_cached(store: &dyn Store) {
+    let in_a = scope("kubelet", &pods(), Some("a"), "", "");
+    store
+        .replace_scope(&in_a, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    assert!(
+        store
+            .list(&scope("kubelet", &pods(), None, "", ""))
+            .expect("list")
+            .is_none()
+    );
+    assert!(
+        store
+            .list(&scope("kubelet", &pods(), Some("b"), "", ""))
+            .expect("list")
+            .is_none()
+    );
+    let narrower = scope("kubelet", &pods(), Some("a"), "", "spec.nodeName=n1");
+    assert_eq!(names(store, &narrower), ["p1"]);
+    let empty = scope("kubelet", &pods(), Some("c"), "", "");
+    store.replace_scope(&empty, "11", &[]).expect("replace");
+    assert!(
+        names(store, &empty).is_empty(),
+        "an empty LIST is cached as known-empty"
+    );
+}
+
+fn components_only_see_what_they_cached(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    assert!(
+        store
+            .list(&scope("kube-proxy", &pods(), None, "", ""))
+            .expect("list")
+            .is_none()
+    );
+    let other = ObjectKey::new("kube-proxy", &pods(), "a", "p1");
+    assert_eq!(store.get(&other).expect("get"), Lookup::NotCached);
+    assert!(
+        store
+            .events_since(&scope("kube-proxy", &pods(), None, "", ""), "10")
+            .is_err()
+    );
+}
+
+fn cluster_scoped_and_custom_resources_need_nothing_special(store: &dyn Store) {
+    let nodes = Gvr::new("", "v1", "nodes");
+    let node = br#"{"kind":"Node","metadata":{"name":"n1","resourceVersion":"3","labels":{"role":"edge"}}}"#;
+    store
+        .replace_scope(
+            &scope("kubelet", &nodes, None, "", "metadata.name=n1"),
+            "3",
+            &[node],
+        )
+        .expect("nodes");
+    assert!(matches!(
+        store.get(&ObjectKey::new("kubelet", &nodes, "", "n1")),
+        Ok(Lookup::Found(_))
+    ));
+    let widgets = Gvr::new("example.com", "v1alpha1", "widgets");
+    let w = br#"{"apiVersion":"example.com/v1alpha1","kind":"Widget","metadata":{"name":"w","namespace":"x","resourceVersion":"4"},"spec":{"size":"L"}}"#;
+    let s = scope("my-operator", &widgets, None, "", "");
+    store.replace_scope(&s, "4", &[w]).expect("crd");
+    let big = scope("my-operator", &widgets, None, "", "spec.size=L");
+    assert_eq!(
+        store
+            .list(&big)
+            .expect("list")
+            .expect("covered")
+            .items
+            .len(),
+        1
+    );
+}
+
+fn invalid_input_changes_nothing(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), Some("a"), "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    let bad_json = [pod("a", "p2", "2", "n1", &[]), b"{not json".to_vec()];
+    assert!(store.replace_scope(&s, "11", &refs(&bad_json)).is_err());
+    let other_ns = [pod("b", "p3", "3", "n1", &[])];
+    assert!(store.replace_scope(&s, "12", &refs(&other_ns)).is_err());
+    let nameless = br#"{"metadata":{"namespace":"a","resourceVersion":"4"}}"#;
+    assert!(store.apply_event(&s, EventType::Added, nameless).is_err());
+    assert_eq!(names(store, &s), ["p1"]);
+    assert_eq!(
+        store
+            .scope_resource_version(&s)
+            .expect("rv")
+            .expect("known")
+            .as_str(),
+        "10"
+    );
+    assert!(
+        !store.health().degraded,
+        "bad input is not a storage problem"
+    );
+}
+
+fn events_for_an_unlisted_scope_only_refresh_cached_objects(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let outcome = store
+        .apply_event(&s, EventType::Added, &pod("a", "p", "5", "n1", &[]))
+        .expect("add");
+    assert_eq!(outcome, WriteOutcome::ScopeUnknown);
+    assert_eq!(found(store, &key("a", "p")), None);
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p", "5", "n1", &[]))
+        .expect("GET");
+    let outcome = store
+        .apply_event(&s, EventType::Modified, &pod("a", "p", "6", "n1", &[]))
+        .expect("mod");
+    assert_eq!(outcome, WriteOutcome::Stored);
+    assert_eq!(found(store, &key("a", "p")), Some("6".into()));
+    assert!(
+        store.list(&s).expect("list").is_none(),
+        "events alone never make a LIST"
+    );
+}
+
+fn replays_from_a_broader_scope_are_filtered_like_the_list(store: &dyn Store) {
+    let all = scope("kubelet", &pods(), None, "", "");
+    store.replace_scope(&all, "10", &[]).expect("replace");
+    store
+        .apply_event(&all, EventType::Added, &pod("a", "p1", "11", "n1", &[]))
+        .expect("add");
+    store
+        .apply_event(&all, EventType::Added, &pod("b", "p2", "12", "n2", &[]))
+        .expect("add");
+    store
+        .apply_event(&all, EventType::Added, &pod("b", "p3", "13", "n1", &[]))
+        .expect("add");
+    let by_node_in_b = scope("kubelet", &pods(), Some("b"), "", "spec.nodeName=n1");
+    let events = store.events_since(&by_node_in_b, "10").expect("replay");
+    let names: Vec<String> = events
+        .iter()
+        .map(|e| field(&e.object, "/metadata/name"))
+        .collect();
+    assert_eq!(names, ["p3"]);
+}
+
+fn delete_object_forgets_it_everywhere(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p1", "1", "n1", &[]))
+        .expect("pin");
+    assert!(store.delete_object(&key("a", "p1")).expect("delete"));
+    assert!(!store.delete_object(&key("a", "p1")).expect("delete again"));
+    assert!(names(store, &s).is_empty());
+}
+
+fn stats_summarise_each_component_resource(store: &dyn Store) {
+    let before = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+    let s = scope("kubelet", &pods(), None, "", "");
+    let items = [
+        pod("a", "p1", "7", "n1", &[]),
+        pod("a", "p2", "30", "n1", &[]),
+    ];
+    store
+        .replace_scope(&s, "25", &refs(&items))
+        .expect("replace");
+    store
+        .put_object(
+            "kube-proxy",
+            &Gvr::new("", "v1", "services"),
+            br#"{"metadata":{"name":"s","namespace":"a","resourceVersion":"3"}}"#,
+        )
+        .expect("put");
+    let stats = store.stats().expect("stats");
+    assert_eq!(stats.len(), 2);
+    let kubelet = stats
+        .iter()
+        .find(|r| r.component == "kubelet")
+        .expect("kubelet row");
+    assert_eq!(
+        (
+            kubelet.objects,
+            kubelet.scopes,
+            kubelet.gvr.to_string().as_str()
+        ),
+        (2, 1, "pods.v1.core")
+    );
+    assert!(kubelet.bytes >= items.iter().map(|i| i.len() as u64).sum::<u64>());
+    assert_eq!(
+        kubelet.last_resource_version.as_ref().map(|r| r.as_str()),
+        Some("30")
+    );
+    assert!(kubelet.last_write.expect("written") >= before);
+    assert!(kubelet.age().expect("age") < std::time::Duration::from_secs(60));
+}
+
+fn verify_passes_a_healthy_cache(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    store
+        .apply_event(&s, EventType::Modified, &pod("a", "p1", "2", "n1", &[]))
+        .expect("event");
+    let report = store.verify().expect("verify");
+    assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+    assert_eq!(report.checked, 4, "object, scope, member, event");
+    assert_eq!(store.health().quarantined, 0);
+}
+
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod mem {
+            $(#[test] fn $case() { super::$case(&outpost_cache::MemStore::with_max_events(super::LOG)); })*
+        }
+        mod sled {
+            $(#[test] fn $case() {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let store = super::sled_store(dir.path());
+                super::$case(&store);
+            })*
+        }
+    };
+}
+
+fn sled_store(dir: &std::path::Path) -> SledStore {
+    let options = SledOptions {
+        max_events_per_scope: LOG,
+        ..SledOptions::default()
+    };
+    SledStore::open(dir, options).expect("open")
+}
+
+suite!(
+    replace_lists_items_in_key_order_with_the_list_rv,
+    bytes_are_stored_verbatim,
+    a_relist_drops_missing_members_but_not_pinned_objects,
+    overlapping_scopes_share_one_copy_and_keep_their_own_members,
+    an_older_resource_version_never_replaces_a_newer_one,
+    watch_events_upsert_delete_and_advance_the_scope,
+    deleted_removes_the_object_from_every_scope_and_its_pin,
+    a_stale_delete_only_leaves_its_scope,
+    events_replay_after_a_version_and_refuse_older_ones,
+    a_query_is_served_by_the_most_specific_covering_scope,
+    a_query_without_a_covering_scope_is_not_cached,
+    components_only_see_what_they_cached,
+    cluster_scoped_and_custom_resources_need_nothing_special,
+    invalid_input_changes_nothing,
+    events_for_an_unlisted_scope_only_refresh_cached_objects,
+    replays_from_a_broader_scope_are_filtered_like_the_list,
+    delete_object_forgets_it_everywhere,
+    stats_summarise_each_component_resource,
+    verify_passes_a_healthy_cache,
+);
