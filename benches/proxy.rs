@@ -63,6 +63,7 @@ fn online_get(c: &mut Criterion) {
                 request_timeout: Duration::from_secs(30),
                 tls: tls.clone(),
             },
+            edge: None,
         })
         .await
         .expect("hub");

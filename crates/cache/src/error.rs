@@ -39,10 +39,21 @@ impl CacheError {
         move |source| CacheError::Io { op, path, source }
     }
 
+    /// Whether opening failed because another process holds the cache's file lock: sled locks
+    /// its database exclusively, so while a hub runs on a cache no other process can open it.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, CacheError::Sled { op: "open", source: sled::Error::Io(e) } if is_lock_conflict(e))
+    }
+
     /// Whether the error is about storage (and so makes the store degraded) rather than input.
     pub fn is_storage(&self) -> bool {
         !matches!(self, CacheError::InvalidObject(_))
     }
+}
+
+/// sled 0.34 reports a held file lock only as an `Io` error of kind `Other` with this text.
+pub(crate) fn is_lock_conflict(e: &std::io::Error) -> bool {
+    e.to_string().contains("could not acquire lock")
 }
 
 /// Why [`Store::events_since`](crate::Store::events_since) returned no events.

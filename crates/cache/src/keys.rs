@@ -1,6 +1,6 @@
 //! Key layout of the main tree. Every key is a one-byte tag followed by escaped segments, so one
-//! sorted keyspace holds objects, scopes, memberships, pins and event logs, and every "all X of Y"
-//! question is a prefix scan.
+//! sorted keyspace holds objects, scopes, memberships, pins, event logs and documents, and every
+//! "all X of Y" question is a prefix scan.
 //!
 //! | tag | key (segments after the tag)                                     | value             |
 //! |-----|------------------------------------------------------------------|-------------------|
@@ -9,6 +9,10 @@
 //! | `s` | component, group, version, resource, ns-spec, labels, fields     | scope meta record |
 //! | `m` | scope segments (as `s`), namespace, name                         | empty (member)    |
 //! | `e` | scope segments (as `s`), then an 8-byte big-endian sequence      | event record      |
+//! | `d` | document name (e.g. `/apis`, `kinds/pods.v1.core`)               | document record   |
+//!
+//! Documents are whole responses that belong to no component or scope (discovery, kind records):
+//! every component shares them, and nothing but [`crate::Store::put_document`] replaces them.
 //!
 //! ns-spec is `*` for all namespaces or `/` + namespace. Segments escape `0x00` as `00 FF` and end
 //! with `00 01`: unambiguous for any bytes (component names come from user agents) and
@@ -21,6 +25,7 @@ pub(crate) const PIN: u8 = b'p';
 pub(crate) const SCOPE: u8 = b's';
 pub(crate) const MEMBER: u8 = b'm';
 pub(crate) const EVENT: u8 = b'e';
+pub(crate) const DOCUMENT: u8 = b'd';
 
 const ESCAPE: u8 = 0x00;
 const ESCAPED_ZERO: u8 = 0xFF;
@@ -169,6 +174,18 @@ pub(crate) fn event_key(scope: &ScopeId, seq: u64) -> Vec<u8> {
     buf
 }
 
+pub(crate) fn document_key(name: &str) -> Vec<u8> {
+    let mut buf = vec![DOCUMENT];
+    push_segment(&mut buf, name.as_bytes());
+    buf
+}
+
+pub(crate) fn decode_document_key(key: &[u8]) -> Option<String> {
+    let mut rest = key.get(1..)?;
+    let name = take_string(&mut rest)?;
+    rest.is_empty().then_some(name)
+}
+
 /// A readable name for any main-tree key, for logs and [`crate::VerifyReport`].
 pub(crate) fn describe(key: &[u8]) -> String {
     let decoded = match key.first() {
@@ -180,6 +197,7 @@ pub(crate) fn describe(key: &[u8]) -> String {
             let seq = u64::from_be_bytes(rest.try_into().ok()?);
             Some(format!("event #{seq} of {s}"))
         }),
+        Some(&DOCUMENT) => decode_document_key(key).map(|name| format!("document {name}")),
         _ => None,
     };
     decoded.unwrap_or_else(|| format!("undecodable key {key:02x?}"))
@@ -218,6 +236,11 @@ mod tests {
             };
             prop_assert_eq!(decode_scope_key(&scope_key(SCOPE, &id)), Some(id));
         }
+
+        #[test]
+        fn document_keys_round_trip(name in "\\PC*") {
+            prop_assert_eq!(decode_document_key(&document_key(&name)), Some(name));
+        }
     }
 
     #[test]
@@ -244,5 +267,12 @@ mod tests {
             Some(("kube-system".into(), "coredns".into()))
         );
         assert!(describe(&event_key(&id, 7)).starts_with("event #7 of kubelet/pods.v1.core/*"));
+    }
+
+    #[test]
+    fn documents_describe_by_name_and_reject_trailing_bytes() {
+        let key = document_key("kinds/pods.v1.core");
+        assert_eq!(describe(&key), "document kinds/pods.v1.core");
+        assert_eq!(decode_document_key(&[key.as_slice(), b"x"].concat()), None);
     }
 }

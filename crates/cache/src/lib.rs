@@ -8,7 +8,7 @@
 //! - [`model`]: keys, scopes, results.
 //! - `engine`: the semantics, written once over a small key-value seam (`kv`):
 //!   `engine::write` (update rules), `engine::read` (which scope answers a query),
-//!   `engine::maintain` (verify, stats).
+//!   `engine::document` (named documents), `engine::maintain` (verify, stats).
 //! - `keys` / `record`: the on-disk key layout and checksummed values (documented there).
 //! - [`sled_store`]: directory layout, flush policy, crash safety, compaction.
 //!
@@ -79,6 +79,16 @@ pub trait Store: Send + Sync {
 
     fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError>;
 
+    /// Every cached object of one component's resource, in (namespace, name) order, whatever
+    /// brought it in (any scope's LIST or watch, or a pinned GET). Unlike [`Store::list`] this
+    /// needs no covering scope: it is for tooling (`outpost cache export`), not for serving.
+    /// Corrupt records are quarantined and left out (as with [`Store::get`]).
+    fn objects(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+    ) -> Result<Vec<(ObjectKey, CachedObject)>, CacheError>;
+
     /// Serves a LIST. `query` is the client's request as a scope (its selectors are evaluated on
     /// the stored JSON where the answering scope did not already apply them). `None` = no cached
     /// scope covers the query. See `engine::read` for how the answering scope is chosen.
@@ -91,9 +101,19 @@ pub trait Store: Send + Sync {
     /// filtered like the list. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
     fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError>;
 
-    /// Checks every entry; corrupt ones are quarantined and reported.
+    /// Stores a whole document under `name` (replacing any previous one), sealed like every
+    /// record. For what is not an object in a scope: discovery responses (`/api`, `/apis/<g>/<v>`)
+    /// so kubectl works offline, and per-resource kind records (`kinds/pods.v1.core`). Shared by
+    /// all components; the bytes are kept verbatim and need not be JSON.
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CacheError>;
+
+    /// The document stored under `name`; a corrupt one is quarantined and reported as `Ok(None)`.
+    fn get_document(&self, name: &str) -> Result<Option<bytes::Bytes>, CacheError>;
+
+    /// Checks every entry (documents included); corrupt ones are quarantined and reported.
     fn verify(&self) -> Result<VerifyReport, CacheError>;
 
+    /// Per component and resource; documents are not counted.
     fn stats(&self) -> Result<Vec<ResourceStats>, CacheError>;
 
     fn health(&self) -> Health;

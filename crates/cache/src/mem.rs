@@ -77,6 +77,14 @@ impl Store for MemStore {
         self.engine.get(key)
     }
 
+    fn objects(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+    ) -> Result<Vec<(ObjectKey, CachedObject)>, CacheError> {
+        self.engine.objects(component, gvr)
+    }
+
     fn list(&self, query: &Scope) -> Result<Option<ListResult>, CacheError> {
         self.engine.list(query)
     }
@@ -87,6 +95,14 @@ impl Store for MemStore {
 
     fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError> {
         self.engine.events_since(query, rv)
+    }
+
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+        self.engine.put_document(name, bytes)
+    }
+
+    fn get_document(&self, name: &str) -> Result<Option<bytes::Bytes>, CacheError> {
+        self.engine.get_document(name)
     }
 
     fn verify(&self) -> Result<VerifyReport, CacheError> {
@@ -200,6 +216,34 @@ mod tests {
             report.corrupt
         );
         assert_eq!(store.get(&key("p")).expect("get"), Lookup::NotCached);
+    }
+
+    #[test]
+    fn a_corrupt_document_is_quarantined_by_get_and_by_verify() {
+        let store = MemStore::new();
+        let kind = br#"{"kind":"Pod","listKind":"PodList"}"#;
+        for name in ["kinds/pods.v1.core", "/api"] {
+            store.put_document(name, kind).expect("put");
+        }
+        flip_last_byte(&store, &keys::document_key("kinds/pods.v1.core"));
+        assert_eq!(store.get_document("kinds/pods.v1.core").expect("get"), None);
+        assert_eq!(store.health().quarantined, 1);
+        assert!(
+            store.verify().expect("verify").corrupt.is_empty(),
+            "already moved"
+        );
+
+        flip_last_byte(&store, &keys::document_key("/api"));
+        let report = store.verify().expect("verify");
+        let bad: Vec<&str> = report.corrupt.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(bad, ["document /api"]);
+        assert_eq!(store.get_document("/api").expect("get"), None);
+        assert_eq!(store.health().quarantined, 2);
+        store.put_document("/api", kind).expect("refetched");
+        assert_eq!(
+            store.get_document("/api").expect("get").as_deref(),
+            Some(&kind[..])
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! everything after it, then the payload. A read that fails the seal is corruption (a flipped bit
 //! on disk, a torn page sled did not catch) and the entry is quarantined, never served.
 //!
-//! Object bytes are stored verbatim at the end of their record; nothing is re-encoded.
+//! Object and document bytes are stored verbatim at the end of their record; nothing is
+//! re-encoded.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -173,6 +174,17 @@ pub(crate) fn decode_scope(raw: &[u8]) -> Result<ScopeMeta, Corrupt> {
     serde_json::from_slice(payload).map_err(|e| Corrupt(format!("scope meta: {e}")))
 }
 
+/// Document record payload: the document's bytes, nothing else. They are not checked as JSON:
+/// a discovery response may be any content type the client asked for.
+pub(crate) fn encode_document(bytes: &[u8]) -> Vec<u8> {
+    seal(bytes)
+}
+
+pub(crate) fn decode_document(raw: &[u8]) -> Result<Bytes, Corrupt> {
+    let (payload, _) = unseal(raw)?;
+    Ok(Bytes::copy_from_slice(payload))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +225,20 @@ mod tests {
             decode_event(&raw).map(|e| e.event_type),
             Ok(EventType::Modified)
         );
+    }
+
+    #[test]
+    fn documents_keep_bytes_verbatim_and_fail_their_seal_when_damaged() {
+        let doc = br#"{"kind":"Pod","listKind":"PodList"}"#;
+        let raw = encode_document(doc);
+        assert_eq!(decode_document(&raw).as_deref(), Ok(&doc[..]));
+        assert_eq!(
+            decode_document(&encode_document(b"")).as_deref(),
+            Ok(&b""[..])
+        );
+        let mut bad = raw.clone();
+        bad[HEADER + 3] ^= 0x01;
+        assert!(decode_document(&bad).is_err());
+        assert!(decode_document(&raw[..HEADER - 1]).is_err());
     }
 }

@@ -64,7 +64,7 @@ use tracing::{info, warn};
 
 use crate::Store;
 use crate::engine::Engine;
-use crate::error::{CacheError, ReplayError};
+use crate::error::{CacheError, ReplayError, is_lock_conflict};
 use crate::kv::{Entry, Kv, WriteBatch};
 use crate::model::*;
 
@@ -180,10 +180,7 @@ fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
         match config.open() {
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && Instant::now() < deadline =>
-            {
+            Err(sled::Error::Io(e)) if is_lock_conflict(&e) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50));
             }
             other => return other,
@@ -338,8 +335,10 @@ impl SledStore {
         fs::create_dir_all(&root).map_err(CacheError::io("create", root.clone()))?;
         let current = read_current(&root)?;
         let name = current.clone().unwrap_or_else(|| format!("{DB_PREFIX}0"));
-        remove_stale_dbs(&root, &name);
+        // Lock the live database first: if another process (a running hub) holds it, a `db-*`
+        // beside it may be its compaction in progress, not a leftover.
         let kv = SledKv::open(&root, &name, &options)?;
+        remove_stale_dbs(&root, &name);
         if current.is_none() {
             write_current(&root, &name)?;
         }
@@ -399,7 +398,8 @@ impl SledStore {
         }
     }
 
-    /// Copies every entry of both trees into a new database `name`, flushed.
+    /// Copies every entry of both trees (objects, scopes, logs, documents: whatever the main tree
+    /// holds, by key order) into a new database `name`, flushed.
     fn copy_into(&self, old: &SledKv, name: &str) -> Result<(SledKv, u64), CacheError> {
         let new = SledKv::open(&self.root, name, &self.options)?;
         let mut entries = 0;
@@ -501,6 +501,14 @@ impl Store for SledStore {
         self.engine.get(key)
     }
 
+    fn objects(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+    ) -> Result<Vec<(ObjectKey, CachedObject)>, CacheError> {
+        self.engine.objects(component, gvr)
+    }
+
     fn list(&self, query: &Scope) -> Result<Option<ListResult>, CacheError> {
         self.engine.list(query)
     }
@@ -511,6 +519,14 @@ impl Store for SledStore {
 
     fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError> {
         self.engine.events_since(query, rv)
+    }
+
+    fn put_document(&self, name: &str, bytes: &[u8]) -> Result<(), CacheError> {
+        self.after_write(self.engine.put_document(name, bytes), bytes.len(), false)
+    }
+
+    fn get_document(&self, name: &str) -> Result<Option<bytes::Bytes>, CacheError> {
+        self.engine.get_document(name)
     }
 
     fn verify(&self) -> Result<VerifyReport, CacheError> {

@@ -564,6 +564,71 @@ fn verify_passes_a_healthy_cache(store: &dyn Store) {
     assert_eq!(store.health().quarantined, 0);
 }
 
+const POD_KIND: &[u8] = br#"{"kind":"Pod","listKind":"PodList"}"#;
+
+fn documents_round_trip_and_the_last_write_wins(store: &dyn Store) {
+    assert_eq!(store.get_document("/api").expect("get"), None);
+    store
+        .put_document("kinds/pods.v1.core", POD_KIND)
+        .expect("put");
+    let versions = br#"{"kind":"APIVersions","versions":["v1"]}"#;
+    store.put_document("/api", versions).expect("put");
+    let got = store.get_document("kinds/pods.v1.core").expect("get");
+    assert_eq!(got.as_deref(), Some(POD_KIND));
+    let replaced = br#"{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[]}"#;
+    store.put_document("/api", replaced).expect("overwrite");
+    assert_eq!(
+        store.get_document("/api").expect("get").as_deref(),
+        Some(&replaced[..])
+    );
+    assert_eq!(
+        store.get_document("/apis").expect("get"),
+        None,
+        "no prefix match"
+    );
+    store.put_document("/version", b"").expect("empty document");
+    assert_eq!(
+        store.get_document("/version").expect("get").as_deref(),
+        Some(&b""[..])
+    );
+    let not_json = b"\x0a\x03k8s\x00";
+    store
+        .put_document("/apis/protobuf", not_json)
+        .expect("any bytes");
+    assert_eq!(
+        store
+            .get_document("/apis/protobuf")
+            .expect("get")
+            .as_deref(),
+        Some(&not_json[..])
+    );
+}
+
+fn documents_are_verified_survive_compaction_and_stay_out_of_stats(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
+        .expect("replace");
+    store
+        .put_document("kinds/pods.v1.core", POD_KIND)
+        .expect("put");
+    store.put_document("/api", b"{}").expect("put");
+    let report = store.verify().expect("verify");
+    assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
+    assert_eq!(report.checked, 5, "object, scope, member, two documents");
+    assert_eq!(store.compact().expect("compact").entries, 5);
+    let got = store.get_document("kinds/pods.v1.core").expect("get");
+    assert_eq!(got.as_deref(), Some(POD_KIND));
+    assert_eq!(
+        store.get_document("/api").expect("get").as_deref(),
+        Some(&b"{}"[..])
+    );
+    let stats = store.stats().expect("stats");
+    assert_eq!(stats.len(), 1, "{stats:?}");
+    assert_eq!((stats[0].objects, stats[0].scopes), (1, 1));
+    assert!(!store.health().degraded);
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod mem {
@@ -607,4 +672,6 @@ suite!(
     delete_object_forgets_it_everywhere,
     stats_summarise_each_component_resource,
     verify_passes_a_healthy_cache,
+    documents_round_trip_and_the_last_write_wins,
+    documents_are_verified_survive_compaction_and_stay_out_of_stats,
 );

@@ -145,6 +145,92 @@ fn a_corrupt_value_is_caught_by_a_plain_get() {
     assert!(matches!(store.get(&key("a", "p06")), Ok(Lookup::Found(_))));
 }
 
+const POD_KIND: &[u8] = br#"{"kind":"Pod","listKind":"PodList"}"#;
+const API: &[u8] = br#"{"kind":"APIVersions","versions":["v1"]}"#;
+
+fn put_documents(store: &SledStore) {
+    store
+        .put_document("kinds/pods.v1.core", POD_KIND)
+        .expect("put");
+    store.put_document("/api", API).expect("put");
+}
+
+#[test]
+fn documents_survive_reopen_and_compaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store = open(dir.path());
+        populate(&store);
+        put_documents(&store);
+    }
+    let store = open(dir.path());
+    let doc = |name| store.get_document(name).expect("get");
+    assert_eq!(doc("kinds/pods.v1.core").as_deref(), Some(POD_KIND));
+    assert_eq!(doc("/api").as_deref(), Some(API));
+    let report = store.compact().expect("compact");
+    assert_eq!(
+        report.entries,
+        20 + 20 + 1 + 3 + 2,
+        "populate() plus two documents"
+    );
+    assert_eq!(doc("/api").as_deref(), Some(API));
+    let live = store.active_db_dir();
+    drop(store);
+
+    let store = open(dir.path());
+    assert_eq!(store.active_db_dir(), live);
+    let got = store.get_document("kinds/pods.v1.core").expect("get");
+    assert_eq!(
+        got.as_deref(),
+        Some(POD_KIND),
+        "the compacted copy is durable"
+    );
+}
+
+#[test]
+fn corrupt_documents_on_disk_are_quarantined_by_get_and_verify_and_never_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_dir = {
+        let store = open(dir.path());
+        put_documents(&store);
+        store.active_db_dir()
+    };
+    assert_eq!(corrupt_raw(&db_dir, &[b"kinds/pods"]), 1);
+    let store = open(dir.path());
+    assert_eq!(store.get_document("kinds/pods.v1.core").expect("get"), None);
+    assert_eq!(store.health().quarantined, 1);
+    assert_eq!(store.get_document("kinds/pods.v1.core").expect("get"), None);
+    assert_eq!(
+        store.get_document("/api").expect("get").as_deref(),
+        Some(API)
+    );
+    let db_dir = store.active_db_dir();
+    drop(store);
+
+    assert_eq!(corrupt_raw(&db_dir, &[b"/api"]), 1);
+    let store = open(dir.path());
+    let report = store.verify().expect("verify");
+    let bad: Vec<&str> = report.corrupt.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(bad, ["document /api"]);
+    assert!(report.corrupt[0].reason.contains("checksum"), "{report:?}");
+    assert_eq!(store.get_document("/api").expect("get"), None);
+    assert_eq!(store.health().quarantined, 2);
+    assert!(
+        !store.health().degraded,
+        "corruption is not a storage failure"
+    );
+    drop(store);
+
+    let store = open(dir.path());
+    assert!(store.verify().expect("verify").corrupt.is_empty());
+    assert_eq!(store.health().quarantined, 2, "quarantine persists");
+    store.put_document("/api", API).expect("refetched");
+    assert_eq!(
+        store.get_document("/api").expect("get").as_deref(),
+        Some(API)
+    );
+}
+
 #[test]
 fn reopening_waits_for_the_previous_handle_but_a_live_one_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -197,6 +283,14 @@ fn a_full_disk_fails_writes_with_a_typed_error_and_marks_the_store_degraded() {
         }
         Ok(store) => store,
     };
+    let err = store
+        .put_document("/api", b"{}")
+        .expect_err("a full disk cannot persist a document");
+    assert!(err.is_storage(), "{err}");
+    assert!(
+        store.health().degraded,
+        "documents share the health tracking"
+    );
     let s = scope("kubelet", &pods(), None, "", "");
     let result = store.replace_scope(&s, "1", &refs(&[pod("a", "p", "1", "n1", &[])]));
     let err = result.expect_err("a full disk cannot persist a relist");

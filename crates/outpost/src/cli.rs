@@ -32,6 +32,11 @@ pub enum Command {
         #[command(subcommand)]
         command: Box<NodeCommand>,
     },
+    /// Inspect the edge cache on disk (the daemon must be stopped: sled locks the cache).
+    Cache {
+        #[command(subcommand)]
+        command: Box<CacheCommand>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -40,6 +45,64 @@ pub enum NodeCommand {
     Convert(outpost_node::ConvertArgs),
     /// Restore every file convert changed, byte for byte.
     Revert(outpost_node::RevertArgs),
+}
+
+/// yurthub's `--disk-cache-path` default, as the hub's flag spells it.
+pub const DEFAULT_DISK_CACHE_PATH: &str = "/etc/kubernetes/cache/";
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Per component and resource: objects, watch events, scopes, bytes, last resourceVersion, age.
+    Ls(CacheLsArgs),
+    /// Print one cached object's JSON exactly as upstream sent it.
+    Get(CacheGetArgs),
+    /// Check every entry; corrupt ones are quarantined. Exits 1 if any was found.
+    Verify(CachePathArgs),
+    /// Write every cached object to one JSON file, grouped by component and resource.
+    Export(CacheExportArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CachePathArgs {
+    /// Where the edge cache lives (the hub's --disk-cache-path; never created here).
+    #[arg(long, default_value = DEFAULT_DISK_CACHE_PATH)]
+    pub disk_cache_path: PathBuf,
+}
+
+/// `outpost cache ls --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheLsOutput {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CacheLsArgs {
+    #[command(flatten)]
+    pub path: CachePathArgs,
+    /// table for people, json for scripts (same data, raw numbers).
+    #[arg(long, short = 'o', value_enum, default_value = "table")]
+    pub output: CacheLsOutput,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CacheGetArgs {
+    #[command(flatten)]
+    pub path: CachePathArgs,
+    /// The component that cached it (its user agent before `/`), e.g. kubelet.
+    pub component: String,
+    /// yurthub's spelling `pods.v1.core` / `leases.v1.coordination.k8s.io`, or a plain `pods`.
+    pub resource: String,
+    /// `<namespace>/<name>`, or `<name>` for a cluster-scoped object.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CacheExportArgs {
+    #[command(flatten)]
+    pub path: CachePathArgs,
+    /// The JSON file to write (replaced atomically); `-` for stdout.
+    pub file: PathBuf,
 }
 
 /// yurthub's `--working-mode`.

@@ -77,6 +77,7 @@ async fn run() -> Result<()> {
             request_timeout: Duration::from_secs(30),
             tls,
         },
+        edge: None,
     })
     .await?;
     println!(

@@ -4,6 +4,7 @@
 //! Exit codes: 0 on a clean stop, 2 for configuration and start-up errors (one line on stderr
 //! naming the problem), 1 for failures at run time.
 
+mod cache_cmd;
 mod cli;
 mod demo;
 mod run;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(cli::Command::Demo) => demo::main(),
         Some(cli::Command::Node { command }) => node(*command),
+        Some(cli::Command::Cache { command }) => cache_cmd::main(*command),
         None => run::hub(&cli.hub),
     }
 }

@@ -3,10 +3,13 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outpost_cache::{SledOptions, SledStore};
 use outpost_certs::UpstreamTls;
-use outpost_proxy::{Hub, HubConfig, UpstreamConfig};
+use outpost_proxy::edge::CacheAgents;
+use outpost_proxy::{EdgeConfig, Hub, HubConfig, UpstreamConfig};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -29,9 +32,13 @@ pub fn hub(flags: &HubFlags) -> ExitCode {
 fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> {
     let v = flags.validate().map_err(StartupError)?;
     create_dir(&v.root_dir, "--root-dir")?;
-    if v.working_mode == WorkingMode::Edge {
-        create_dir(&v.disk_cache_path, "--disk-cache-path")?;
-    }
+    let edge = match v.working_mode {
+        WorkingMode::Edge => {
+            create_dir(&v.disk_cache_path, "--disk-cache-path")?;
+            Some(open_cache(&v.disk_cache_path)?)
+        }
+        WorkingMode::Cloud => None,
+    };
     let tls =
         UpstreamTls::load(&v.client_pem, &v.ca_file).map_err(|e| StartupError(e.to_string()))?;
     if tls.identity.is_expired_at(SystemTime::now()) {
@@ -54,8 +61,28 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             request_timeout: Duration::from_secs(60),
             tls,
         },
+        edge,
     };
     Ok((config, v))
+}
+
+/// Opens the sled cache; another process holding it (a second hub) is a start-up error.
+fn open_cache(path: &Path) -> Result<EdgeConfig, StartupError> {
+    let store = SledStore::open(path, SledOptions::default()).map_err(|e| {
+        if e.is_locked() {
+            StartupError(format!(
+                "--disk-cache-path: the cache at {} is in use by another process (is another outpost running?)",
+                path.display()
+            ))
+        } else {
+            StartupError(format!("--disk-cache-path: cannot open the cache at {}: {e}", path.display()))
+        }
+    })?;
+    info!(path = %path.display(), "edge cache opened");
+    Ok(EdgeConfig {
+        store: Arc::new(store),
+        agents: CacheAgents::default(),
+    })
 }
 
 fn create_dir(path: &Path, flag: &str) -> Result<(), StartupError> {
@@ -110,7 +137,7 @@ pub fn init_tracing(verbosity: u8) {
         _ => "trace",
     };
     init_tracing_with(&format!(
-        "warn,outpost={level},outpost_proxy={level},outpost_certs={level}"
+        "warn,outpost={level},outpost_proxy={level},outpost_certs={level},outpost_cache={level}"
     ));
 }
 

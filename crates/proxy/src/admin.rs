@@ -6,31 +6,56 @@
 //! - `GET /metrics`: Prometheus text exposition.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use outpost_certs::IdentityInfo;
 
 use crate::body::{self, ProxyBody};
+use crate::edge::Cloud;
 use crate::metrics::Metrics;
+
+/// A storage call running longer than this means sled is stuck (see `outpost_cache::Health`).
+const CACHE_STUCK_AFTER: Duration = Duration::from_secs(10);
 
 /// The result of one readiness check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResult {
     pub name: &'static str,
     pub ok: bool,
+    /// Passing, but working in a reduced way (offline, or the cache cannot persist): shown even
+    /// without `?verbose`, and distinct from "not ready".
+    pub degraded: bool,
     pub detail: String,
+}
+
+impl CheckResult {
+    fn new(name: &'static str, ok: bool, detail: String) -> CheckResult {
+        CheckResult {
+            name,
+            ok,
+            degraded: false,
+            detail,
+        }
+    }
 }
 
 /// Everything readiness is computed from; evaluated fresh on every probe.
 pub struct Readiness {
     pub identity: IdentityInfo,
+    /// Edge mode only.
+    pub cache: Option<Arc<dyn outpost_cache::Store>>,
+    /// Edge mode only.
+    pub cloud: Option<Arc<Cloud>>,
 }
 
 impl Readiness {
     pub fn checks(&self, now: SystemTime) -> Vec<CheckResult> {
-        vec![self.certificate_check(now)]
+        let mut checks = vec![self.certificate_check(now)];
+        checks.extend(self.cache.as_deref().map(cache_check));
+        checks.extend(self.cloud.as_deref().map(cloud_check));
+        checks
     }
 
     fn certificate_check(&self, now: SystemTime) -> CheckResult {
@@ -49,12 +74,38 @@ impl Readiness {
                 id.not_after_unix()
             )
         };
-        CheckResult {
-            name: "certificate",
-            ok,
-            detail,
-        }
+        CheckResult::new("certificate", ok, detail)
     }
+}
+
+fn cache_check(store: &dyn outpost_cache::Store) -> CheckResult {
+    let health = store.health();
+    if let Some(busy) = health.busy_for.filter(|b| *b > CACHE_STUCK_AFTER) {
+        let detail = format!("a cache write has been running for {busy:?}; restart the hub");
+        return CheckResult::new("cache", false, detail);
+    }
+    let mut check = CheckResult::new(
+        "cache",
+        true,
+        format!("open; {} entries quarantined", health.quarantined),
+    );
+    if health.degraded {
+        check.degraded = true;
+        check.detail = format!(
+            "cannot persist writes ({}); proxying continues",
+            health.last_error.as_deref().unwrap_or("unknown error")
+        );
+    }
+    check
+}
+
+fn cloud_check(cloud: &Cloud) -> CheckResult {
+    let mut check = CheckResult::new("cloud", true, "an apiserver answers".into());
+    if !cloud.is_online() {
+        check.degraded = true;
+        check.detail = "offline, serving from cache".into();
+    }
+    check
 }
 
 /// What the admin handler needs.
@@ -93,6 +144,9 @@ impl Admin {
         let mut out = String::new();
         for c in &checks {
             match (c.ok, verbose) {
+                (true, _) if c.degraded => {
+                    out.push_str(&format!("[+]{} degraded: {}\n", c.name, c.detail))
+                }
                 (true, false) => out.push_str(&format!("[+]{} ok\n", c.name)),
                 (true, true) => out.push_str(&format!("[+]{} ok: {}\n", c.name, c.detail)),
                 (false, _) => out.push_str(&format!("[-]{} failed: {}\n", c.name, c.detail)),
@@ -139,6 +193,8 @@ mod tests {
     fn certificate_check_passes_then_fails_after_expiry() {
         let r = Readiness {
             identity: identity(Duration::from_secs(3600)),
+            cache: None,
+            cloud: None,
         };
         assert!(r.checks(SystemTime::now())[0].ok);
         let later = SystemTime::now() + Duration::from_secs(7200);

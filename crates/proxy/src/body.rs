@@ -18,6 +18,11 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed()
 }
 
+/// A body with no bytes.
+pub fn empty() -> ProxyBody {
+    full(Bytes::new())
+}
+
 /// An upstream (or client) body, streamed frame by frame.
 pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
     body.map_err(BoxError::from).boxed()

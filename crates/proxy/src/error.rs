@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use outpost_core::{ClassifyError, Status};
+use outpost_core::{ClassifyError, Reason, Status};
 
 /// Which side of the proxy failed; decides the status code and whether a retry elsewhere may help.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,25 @@ pub enum ProxyError {
     /// No upstream is configured (cannot happen after flag validation, kept for totality).
     #[error("no apiserver configured")]
     NoUpstream,
+    /// The cloud is unreachable and the cache cannot answer this request.
+    #[error("the cloud is unreachable and {0}")]
+    Offline(String),
+    /// Offline, the object is not in the cache.
+    #[error("{resource} {name:?} not found (served from the edge cache; the cloud is unreachable)")]
+    NotCached {
+        group: String,
+        resource: String,
+        name: String,
+    },
+    /// Offline, a resourceVersion or continue token older than the cache can serve.
+    #[error("{0}")]
+    Expired(String),
+    /// The client accepts no encoding the cache holds (the cache holds JSON).
+    #[error("{0}")]
+    NotAcceptable(String),
+    /// The cache itself failed while answering.
+    #[error("edge cache failure: {0}")]
+    Cache(String),
 }
 
 impl ProxyError {
@@ -44,6 +63,15 @@ impl ProxyError {
             }
             ProxyError::Timeout { .. } => Status::gateway_timeout(message),
             ProxyError::BadReply { .. } => Status::bad_gateway(message),
+            ProxyError::Offline(_) => Status::service_unavailable(message).with_retry_after(1),
+            ProxyError::NotCached {
+                group,
+                resource,
+                name,
+            } => Status::not_found(&group, &resource, &name),
+            ProxyError::Expired(_) => Status::expired(message),
+            ProxyError::NotAcceptable(_) => Status::new(Reason::NotAcceptable, message),
+            ProxyError::Cache(_) => Status::internal(message),
         }
     }
 
@@ -54,14 +82,22 @@ impl ProxyError {
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BadReply { .. } => "bad_reply",
+            ProxyError::Offline(_) => "offline",
+            ProxyError::NotCached { .. } => "not_cached",
+            ProxyError::Expired(_) => "expired",
+            ProxyError::NotAcceptable(_) => "not_acceptable",
+            ProxyError::Cache(_) => "cache",
         }
     }
 
     /// Whether the failure is on the upstream side (as opposed to the client's request).
     pub fn is_upstream(&self) -> bool {
-        !matches!(
+        matches!(
             self,
-            ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_)
+            ProxyError::Unreachable { .. }
+                | ProxyError::Timeout { .. }
+                | ProxyError::BadReply { .. }
+                | ProxyError::NoUpstream
         )
     }
 }
@@ -96,6 +132,18 @@ mod tests {
                 502,
             ),
             (ProxyError::NoUpstream, 503),
+            (ProxyError::Offline("no cached list covers it".into()), 503),
+            (
+                ProxyError::NotCached {
+                    group: String::new(),
+                    resource: "pods".into(),
+                    name: "p".into(),
+                },
+                404,
+            ),
+            (ProxyError::Expired("too old".into()), 410),
+            (ProxyError::NotAcceptable("protobuf".into()), 406),
+            (ProxyError::Cache("disk".into()), 500),
         ];
         for (err, code) in cases {
             let status = err.into_status();

@@ -1,11 +1,12 @@
 //! Outpost's listeners and request pipeline.
 //!
-//! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route → remote →
-//! respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
+//! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route →
+//! remote | cache → respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
 //! listeners; the `outpost` binary, the tests and the demo all run the hub through it.
 //!
 //! - [`pipeline`]: the four stages of one request.
-//! - [`route`]: the pure routing decision.
+//! - [`route`]: the routing decision.
+//! - [`edge`]: edge mode — what is cached, the tee into the cache, offline serving.
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
@@ -14,6 +15,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod edge;
 pub mod error;
 pub mod headers;
 pub mod metrics;
@@ -42,6 +44,23 @@ pub struct HubConfig {
     /// `--bind-address:--serve-port` (127.0.0.1:10267); port 0 picks a free one.
     pub admin_addr: SocketAddr,
     pub upstream: UpstreamConfig,
+    /// Edge mode: the cache. `None` is cloud mode (proxy only, nothing written to disk).
+    pub edge: Option<EdgeConfig>,
+}
+
+/// The edge cache's settings.
+#[derive(Clone)]
+pub struct EdgeConfig {
+    pub store: Arc<dyn outpost_cache::Store>,
+    pub agents: edge::CacheAgents,
+}
+
+impl std::fmt::Debug for EdgeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EdgeConfig")
+            .field("agents", &self.agents)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why the hub could not start.
@@ -53,6 +72,8 @@ pub enum StartError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error("cannot start the cache writer thread: {0}")]
+    Writer(std::io::Error),
 }
 
 /// A running hub: both listeners bound, serving until [`Hub::shutdown`].
@@ -78,16 +99,31 @@ impl Hub {
             .with_label_values(&[identity.user.as_str()])
             .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
         let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
-        let pipeline = Arc::new(pipeline::Pipeline {
-            upstream: upstream::Upstream::new(config.upstream),
-            metrics: metrics.clone(),
-        });
-        let admin = Arc::new(admin::Admin {
-            readiness: admin::Readiness { identity },
-            metrics,
-        });
-
+        let edge = match config.edge {
+            Some(c) => Some(
+                edge::Edge::new(c.store, edge::CachePolicy::new(c.agents), metrics.clone())
+                    .map_err(StartError::Writer)?,
+            ),
+            None => None,
+        };
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let readiness = admin::Readiness {
+            identity,
+            cache: edge.as_ref().map(|e| e.store().clone()),
+            cloud: edge.as_ref().map(|e| e.cloud().clone()),
+        };
+        let pipeline = Arc::new(pipeline::Pipeline {
+            upstream: Arc::new(upstream::Upstream::new(config.upstream)),
+            metrics: metrics.clone(),
+            edge,
+            shutdown: shutdown_rx.clone(),
+        });
+        if let Some(edge) = &pipeline.edge {
+            edge.cloud()
+                .probe_at_start(pipeline.upstream.clone(), shutdown_rx.clone());
+        }
+        let admin = Arc::new(admin::Admin { readiness, metrics });
+
         let proxy_task = tokio::spawn(server::serve(
             proxy_listener,
             move |req| pipeline.clone().handle(req),

@@ -4,7 +4,8 @@
 //! the first `/`), not the full User-Agent, to keep cardinality bounded.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Handles to every metric the proxy updates.
@@ -17,6 +18,16 @@ pub struct Metrics {
     pub response_bytes: IntCounterVec,
     pub latency: HistogramVec,
     pub client_cert_expiry: IntGaugeVec,
+    /// Edge cache: writes applied by the writer thread, by operation and outcome.
+    pub cache_writes: IntCounterVec,
+    /// Edge cache: operations dropped because the writer queue was full.
+    pub cache_dropped: IntCounterVec,
+    /// Edge cache: 1 while the last write or flush failed (disk full, read-only).
+    pub cache_degraded: IntGauge,
+    /// Edge cache: requests answered from the cache, by verb and result.
+    pub cache_served: IntCounterVec,
+    /// 1 while the cloud answers, 0 while the hub serves from its cache.
+    pub cloud_online: IntGauge,
 }
 
 impl Metrics {
@@ -74,6 +85,41 @@ impl Metrics {
             &["user"],
         )
         .expect("valid metric definition");
+        let cache_writes = IntCounterVec::new(
+            Opts::new(
+                "outpost_cache_writes_total",
+                "Edge cache writes by operation (object, list, event, gone, document) and outcome.",
+            ),
+            &["op", "outcome"],
+        )
+        .expect("valid metric definition");
+        let cache_dropped = IntCounterVec::new(
+            Opts::new(
+                "outpost_cache_dropped_total",
+                "Edge cache operations dropped (writer queue full or response too large).",
+            ),
+            &["op"],
+        )
+        .expect("valid metric definition");
+        let cache_degraded = IntGauge::new(
+            "outpost_cache_degraded",
+            "1 while the edge cache cannot persist writes (disk full, read-only, I/O error).",
+        )
+        .expect("valid metric definition");
+        let cache_served = IntCounterVec::new(
+            Opts::new(
+                "outpost_cache_served_total",
+                "Requests answered from the edge cache while the cloud is unreachable.",
+            ),
+            &["verb", "result"],
+        )
+        .expect("valid metric definition");
+        let cloud_online = IntGauge::new(
+            "outpost_cloud_online",
+            "1 while an apiserver answers, 0 while the hub serves from its cache.",
+        )
+        .expect("valid metric definition");
+        cloud_online.set(1);
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
@@ -81,6 +127,11 @@ impl Metrics {
             Box::new(response_bytes.clone()),
             Box::new(latency.clone()),
             Box::new(client_cert_expiry.clone()),
+            Box::new(cache_writes.clone()),
+            Box::new(cache_dropped.clone()),
+            Box::new(cache_degraded.clone()),
+            Box::new(cache_served.clone()),
+            Box::new(cloud_online.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -92,6 +143,11 @@ impl Metrics {
             response_bytes,
             latency,
             client_cert_expiry,
+            cache_writes,
+            cache_dropped,
+            cache_degraded,
+            cache_served,
+            cloud_online,
         }
     }
 

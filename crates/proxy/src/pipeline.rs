@@ -1,17 +1,22 @@
 //! The request lifecycle, written down once and read top to bottom:
 //!
 //! ```text
-//!   client ──▶ 1. classify ──▶ 2. route ──▶ 3. remote ──▶ 4. respond ──▶ client
-//!              RequestInfo      Route        Upstream      Status on error,
-//!              (400 if bad)                  (TLS, pool)   metrics, logs
+//!   client ──▶ 1. classify ──▶ 2. route ──┬─▶ 3a. remote ──(tee)──┬─▶ 4. respond ──▶ client
+//!              RequestInfo      Route      │   Upstream (TLS)      │   Status on error,
+//!              (400 if bad)     CachePlan  └─▶ 3b. cache ──────────┘   metrics, logs
+//!                                               (edge mode, cloud unreachable)
 //! ```
 //!
 //! 1. [`classify`]: one [`RequestInfo`] per request (kube-apiserver's rules); a request the
 //!    apiserver would reject is answered `400` here, without touching upstream.
-//! 2. [`route::decide`]: which identity to present and whether this is a protocol switch.
-//! 3. [`forward`] / [`tunnel`]: one exchange with an apiserver; bodies stream both ways.
-//! 4. [`respond`]: errors become Kubernetes `Status` bodies (in [`ProxyError::into_status`]), and
-//!    every response is counted and logged once.
+//! 2. [`route::decide`]: which identity to present, whether this is a protocol switch, and in
+//!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down.
+//! 3. [`Pipeline::remote`] / [`Pipeline::tunnel`]: one exchange with an apiserver, bodies
+//!    streaming both ways; in edge mode a good response is teed into the cache, and an upstream
+//!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
+//!    the cache answers (or a Status says why it cannot).
+//! 4. [`Pipeline::respond`]: errors become Kubernetes `Status` bodies (in
+//!    [`ProxyError::into_status`]), and every response is counted and logged once.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,6 +30,7 @@ use outpost_core::{RequestInfo, Status};
 use tracing::{debug, warn};
 
 use crate::body::{self, ProxyBody};
+use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
 use crate::headers;
 use crate::metrics::Metrics;
@@ -33,8 +39,12 @@ use crate::upstream::Upstream;
 
 /// What every request handler shares.
 pub struct Pipeline {
-    pub upstream: Upstream,
+    pub upstream: Arc<Upstream>,
     pub metrics: Metrics,
+    /// Edge mode only.
+    pub edge: Option<Edge>,
+    /// Ends background work started by requests (the cloud prober).
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Pipeline {
@@ -46,31 +56,90 @@ impl Pipeline {
             Err(err) => return self.respond(None, Err(err), started, None),
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
-        let route = route::decide(&info, req.headers());
-        let result = if route.tunnel {
-            self.tunnel(route, &info, req).await
-        } else {
-            self.forward(route, &info, req).await
+        let route = route::decide(&info, req.headers(), self.edge.as_ref());
+        let result = match (&self.edge, route.cache.clone()) {
+            _ if route.tunnel => self.tunnel(route, &info, req).await,
+            (Some(edge), Some(plan)) if route.local => edge.serve(plan, &info, req.headers()).await,
+            _ => self.remote(route, &info, req).await,
         };
         self.respond(Some(&info), result, started, Some(in_flight))
     }
 
-    /// Stage 3: one exchange with an apiserver, streaming the bodies.
-    async fn forward(
+    /// Stage 3a: one exchange with an apiserver, streaming the bodies; in edge mode the response
+    /// is teed into the cache, and a cached read whose upstream fails is answered locally.
+    async fn remote(
         &self,
         route: Route,
         info: &RequestInfo,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        let headers = req.headers().clone();
         let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
-        let deadline = self.upstream.header_deadline(info.query.timeout);
-        let upstream_req = upstream_request(req, false);
-        let resp = self
+        let deadline = self.deadline(info, route.cache.as_ref());
+        let mut upstream_req = upstream_request(req, false);
+        if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
+            edge.prepare_upstream(plan, upstream_req.headers_mut());
+        }
+        let send = self
             .upstream
-            .send(server, route.identity, upstream_req, deadline)
-            .await
-            .inspect_err(|e| self.count_upstream_error(&server.label(), e))?;
-        Ok(client_response(resp, false))
+            .send(server, route.identity, upstream_req, deadline);
+        let Some(edge) = &self.edge else {
+            let resp = send
+                .await
+                .inspect_err(|e| self.count_upstream_error(&server.label(), e))?;
+            return Ok(client_response(resp, false));
+        };
+        let sent = match &route.cache {
+            // A cached read stops waiting as soon as the cloud is known to be down.
+            Some(_) => tokio::select! {
+                sent = send => sent,
+                _ = edge.cloud().went_offline() => {
+                    Err(ProxyError::Offline("stopped waiting for it".into()))
+                }
+            },
+            None => send.await,
+        }
+        .inspect_err(|e| self.count_upstream_error(&server.label(), e));
+        let failure = match &sent {
+            Err(e) if e.is_upstream() => Some(e.to_string()),
+            Ok(resp) if is_cloud_failure(resp.status()) => {
+                Some(format!("{} answered {}", server.label(), resp.status()))
+            }
+            _ => None,
+        };
+        let gave_up = matches!(sent, Err(ProxyError::Offline(_)));
+        match &failure {
+            Some(cause) => {
+                edge.cloud()
+                    .report_failure(cause, self.upstream.clone(), self.shutdown.clone())
+            }
+            None if sent.is_ok() => edge.cloud().report_success(),
+            None => {}
+        }
+        if let (true, Some(plan)) = (failure.is_some() || gave_up, &route.cache) {
+            return edge.serve(plan.clone(), info, &headers).await;
+        }
+        let resp = client_response(sent?, false);
+        Ok(match &route.cache {
+            Some(plan) => edge.tee(plan, resp),
+            None => resp,
+        })
+    }
+
+    /// How long to wait for response headers. A cached read gives up 2 s before the client's own
+    /// `?timeout=`, like yurthub, so the cache can still answer in time.
+    fn deadline(&self, info: &RequestInfo, plan: Option<&CachePlan>) -> std::time::Duration {
+        const CACHE_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+        let client = info.query.timeout;
+        let client = match (plan, client) {
+            (Some(CachePlan::Object { .. } | CachePlan::List { .. }), Some(t))
+                if t > CACHE_MARGIN =>
+            {
+                Some(t - CACHE_MARGIN)
+            }
+            _ => client,
+        };
+        self.upstream.header_deadline(client)
     }
 
     /// Stage 3 for exec / attach / port-forward: forward the upgrade, then splice both sockets.
@@ -184,6 +253,11 @@ pub fn classify<B>(req: &Request<B>) -> Result<RequestInfo, ProxyError> {
         path_and_query,
         user_agent,
     )?)
+}
+
+/// An upstream answer that means "this apiserver cannot serve now" (501 is a real answer).
+fn is_cloud_failure(status: StatusCode) -> bool {
+    status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED
 }
 
 /// The client's request, rewritten for the upstream hop (headers cleaned, body streamed).

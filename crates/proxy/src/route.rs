@@ -1,33 +1,45 @@
-//! Stage 2 of the pipeline: a pure decision about how to serve a classified request.
+//! Stage 2 of the pipeline: how to serve a classified request.
 //!
-//! Today every request goes to an apiserver; what varies is the identity presented (the node's
-//! certificate, or none when the caller brings a bearer token, as yurthub does) and whether the
-//! request switches protocols. The edge cache adds its own routes here.
+//! What varies is the identity presented upstream (the node's certificate, or none when the
+//! caller brings a bearer token, as yurthub does), whether the request switches protocols, and in
+//! edge mode whether the cache takes part ([`CachePlan`]) and whether the cloud is known to be
+//! unreachable, in which case the request is answered locally without trying upstream.
 
 use http::HeaderMap;
 use outpost_core::RequestInfo;
 
+use crate::edge::{CachePlan, Edge};
 use crate::headers;
 use crate::upstream::Identity;
 
 /// How one request is served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     pub identity: Identity,
     /// exec / attach / port-forward: after `101 Switching Protocols` both sockets are spliced.
     pub tunnel: bool,
+    /// Edge mode: the cache's part in this request (`None`: proxy only).
+    pub cache: Option<CachePlan>,
+    /// Edge mode: the cloud is known to be unreachable and the cache can take this request, so
+    /// it is answered locally without waiting for upstream. Other requests are still tried
+    /// upstream (a write that could succeed is never refused on stale evidence).
+    pub local: bool,
 }
 
-/// Decides the route from the classification and the request headers alone.
-pub fn decide(_info: &RequestInfo, headers: &HeaderMap) -> Route {
+/// Decides the route from the classification, the request headers and the edge state.
+pub fn decide(info: &RequestInfo, headers: &HeaderMap, edge: Option<&Edge>) -> Route {
     let identity = if headers::has_bearer_token(headers) {
         Identity::Bearer
     } else {
         Identity::Node
     };
+    let tunnel = headers::is_upgrade_request(headers);
+    let cache = edge.and_then(|e| e.plan(info, headers));
     Route {
         identity,
-        tunnel: headers::is_upgrade_request(headers),
+        tunnel,
+        local: cache.is_some() && edge.is_some_and(Edge::is_offline),
+        cache,
     }
 }
 
@@ -44,14 +56,14 @@ mod tests {
     fn bearer_callers_keep_their_identity() {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer t0k3n"));
-        let r = decide(&info("/api/v1/pods"), &h);
+        let r = decide(&info("/api/v1/pods"), &h, None);
         assert_eq!(r.identity, Identity::Bearer);
         assert!(!r.tunnel);
     }
 
     #[test]
     fn others_go_as_the_node() {
-        let r = decide(&info("/api/v1/pods"), &HeaderMap::new());
+        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None);
         assert_eq!(r.identity, Identity::Node);
     }
 
@@ -60,7 +72,11 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("connection", HeaderValue::from_static("Upgrade"));
         h.insert("upgrade", HeaderValue::from_static("SPDY/3.1"));
-        let r = decide(&info("/api/v1/namespaces/d/pods/p/exec?command=sh"), &h);
+        let r = decide(
+            &info("/api/v1/namespaces/d/pods/p/exec?command=sh"),
+            &h,
+            None,
+        );
         assert!(r.tunnel);
     }
 }

@@ -143,6 +143,7 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
             request_timeout: Duration::from_secs(10),
             tls,
         },
+        edge: None,
     })
     .await
     .unwrap();

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::engine::{Engine, Suspect};
 use crate::error::CacheError;
 use crate::json;
-use crate::keys::{self, EVENT, MEMBER, OBJECT, PIN, SCOPE};
+use crate::keys::{self, DOCUMENT, EVENT, MEMBER, OBJECT, PIN, SCOPE};
 use crate::kv::Kv;
 use crate::model::{EventType, Gvr, ResourceStats, ResourceVersion, VerifyReport};
 use crate::record;
@@ -30,6 +30,9 @@ fn check_entry(key: &[u8], raw: &[u8]) -> Option<String> {
             Ok(_) => Some("event bytes are not valid JSON".into()),
             Err(e) => err(e),
         },
+        Some(&DOCUMENT) if keys::decode_document_key(key).is_some() => {
+            record::decode_document(raw).err().and_then(err)
+        }
         Some(&PIN | &MEMBER) if raw.is_empty() => None,
         _ => Some("unknown key or unexpected value".into()),
     }
@@ -61,6 +64,7 @@ impl<K: Kv> Engine<K> {
         Ok(report)
     }
 
+    /// Per component and resource, so documents (which have neither) are not counted.
     pub(crate) fn stats(&self) -> Result<Vec<ResourceStats>, CacheError> {
         let kv = self.read_kv();
         let mut rows = BTreeMap::new();

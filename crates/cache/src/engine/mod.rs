@@ -1,12 +1,14 @@
 //! The cache semantics, written once over any [`Kv`]: both stores are an `Engine` plus
 //! engine-specific plumbing. Start with [`write`] (how LISTs, watch events and GETs change the
-//! keyspace), then [`read`] (how a query picks its scope).
+//! keyspace), then [`read`] (how a query picks its scope). [`document`] holds the named
+//! documents that live beside the objects.
 //!
 //! Concurrency: one `RwLock` around the engine. Writers take it exclusively, plan a
 //! [`WriteBatch`] from what they read, and commit it atomically, so planning never races
 //! another writer. Readers share it and so see whole writes only (a LIST is a consistent
 //! snapshot). Corrupt entries found by readers are quarantined afterwards under the write lock.
 
+pub(crate) mod document;
 pub(crate) mod maintain;
 pub(crate) mod read;
 pub(crate) mod write;

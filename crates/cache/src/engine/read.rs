@@ -21,7 +21,8 @@ use crate::json::{self, Filter};
 use crate::keys::{self, EVENT, MEMBER, OBJECT, SCOPE};
 use crate::kv::Kv;
 use crate::model::{
-    CachedObject, Event, EventType, ListResult, Lookup, ObjectKey, ResourceVersion, Scope, ScopeId,
+    CachedObject, Event, EventType, Gvr, ListResult, Lookup, ObjectKey, ResourceVersion, Scope,
+    ScopeId,
 };
 use crate::record::{self, ScopeMeta};
 
@@ -183,6 +184,39 @@ impl<K: Kv> Engine<K> {
                 Some(Ok(object)) => Lookup::Found(object),
                 Some(Err(())) => Lookup::Quarantined,
             })
+        })
+    }
+
+    /// Every object record of one component's resource (a prefix scan of the object keys, so
+    /// scopes and pins do not matter), JSON-checked like `get`; corrupt ones are quarantined.
+    pub(crate) fn objects(
+        &self,
+        component: &str,
+        gvr: &Gvr,
+    ) -> Result<Vec<(ObjectKey, CachedObject)>, CacheError> {
+        self.read(|kv, suspects| {
+            let mut objects = Vec::new();
+            for entry in kv.scan(&keys::resource_prefix(OBJECT, component, gvr)) {
+                let (raw_key, raw) = entry?;
+                // An undecodable key is left to `verify`, which reports it.
+                let Some(key) = keys::decode_object_key(&raw_key) else {
+                    continue;
+                };
+                let decoded =
+                    record::decode_object(&raw).and_then(|o| match json::is_valid(&o.bytes) {
+                        true => Ok(o),
+                        false => Err(record::Corrupt("stored bytes are not valid JSON".into())),
+                    });
+                match decoded {
+                    Ok(object) => objects.push((key, object)),
+                    Err(e) => suspects.push(Suspect {
+                        key: raw_key,
+                        raw,
+                        reason: e.0,
+                    }),
+                }
+            }
+            Ok(objects)
         })
     }
 
@@ -351,6 +385,72 @@ mod tests {
             None,
             "one namespace never covers all"
         );
+    }
+
+    #[test]
+    fn objects_lists_every_object_of_a_resource_without_a_covering_scope() {
+        use crate::{MemStore, Store};
+        let store = MemStore::new();
+        let pods = Gvr::new("", "v1", "pods");
+        let pod = |ns: &str, name: &str| {
+            format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","resourceVersion":"1"}}}}"#
+            )
+            .into_bytes()
+        };
+        let scope = Scope::new(
+            "kubelet",
+            &pods,
+            None,
+            LabelSelector::default(),
+            FieldSelector::parse("spec.nodeName=n1").expect("fields"),
+        );
+        let items = [pod("b", "p2"), pod("a", "p1")];
+        let refs: Vec<&[u8]> = items.iter().map(Vec::as_slice).collect();
+        store.replace_scope(&scope, "5", &refs).expect("replace");
+        store
+            .put_object("kubelet", &pods, &pod("a", "pinned"))
+            .expect("pin");
+        store
+            .put_object("kube-proxy", &pods, &pod("a", "other-component"))
+            .expect("other component");
+        let node = br#"{"metadata":{"name":"n1","resourceVersion":"1"}}"#;
+        store
+            .put_object("kubelet", &Gvr::new("", "v1", "nodes"), node)
+            .expect("node");
+
+        let unfiltered = Scope::unfiltered("kubelet", &pods, None);
+        assert_eq!(
+            store.list(&unfiltered).expect("list"),
+            None,
+            "no scope covers it"
+        );
+        let names = |store: &MemStore| -> Vec<String> {
+            store
+                .objects("kubelet", &pods)
+                .expect("objects")
+                .into_iter()
+                .map(|(k, o)| {
+                    assert!(json::is_valid(&o.bytes));
+                    format!("{}/{}", k.namespace, k.name)
+                })
+                .collect()
+        };
+        assert_eq!(names(&store), ["a/p1", "a/pinned", "b/p2"]);
+
+        let raw_key = keys::object_key(OBJECT, &ObjectKey::new("kubelet", &pods, "a", "p1"));
+        *store
+            .raw()
+            .main
+            .get_mut(&raw_key)
+            .and_then(|v| v.last_mut())
+            .expect("stored") ^= 0x20;
+        assert_eq!(
+            names(&store),
+            ["a/pinned", "b/p2"],
+            "corrupt ones are left out"
+        );
+        assert_eq!(store.health().quarantined, 1);
     }
 
     fn log(rvs: &[&str]) -> Vec<Event> {

@@ -1,0 +1,144 @@
+//! Kinds learned from responses, so that CRDs work like built-in types and an object that arrived
+//! as a LIST item (which carries no `kind`/`apiVersion`) can be served on its own.
+//!
+//! Nothing is hard-coded per resource: every cached LIST, GET or watch event records its
+//! resource's kind as a small document (`kinds/<resource>.<version>.<group>`), so an offline LIST
+//! can name its `XxxList` even when it is empty, also after a restart.
+
+use std::borrow::Cow;
+
+use outpost_cache::Gvr;
+use serde::{Deserialize, Serialize};
+
+/// A resource's kind and the `apiVersion` its objects carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KindInfo {
+    pub kind: String,
+    #[serde(rename = "apiVersion")]
+    pub api_version: String,
+}
+
+impl KindInfo {
+    /// From a list response's own `kind` (`PodList` → `Pod`).
+    pub fn from_list(list_kind: &str, api_version: &str) -> Option<KindInfo> {
+        let kind = list_kind.strip_suffix("List").filter(|k| !k.is_empty())?;
+        Some(KindInfo {
+            kind: kind.to_owned(),
+            api_version: api_version.to_owned(),
+        })
+    }
+
+    /// Read off a stored object, for when no kind document exists.
+    pub fn from_object(object: &[u8]) -> Option<KindInfo> {
+        let meta: TypeMeta = serde_json::from_slice(object).ok()?;
+        Some(KindInfo {
+            kind: meta.kind?,
+            api_version: meta.api_version?,
+        })
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// What an apiserver would call the resource when nothing was ever learned about it.
+    pub fn fallback(gvr: &Gvr) -> KindInfo {
+        KindInfo {
+            kind: String::new(),
+            api_version: api_version(gvr),
+        }
+    }
+}
+
+/// `v1` for the core group, `group/version` otherwise.
+pub fn api_version(gvr: &Gvr) -> String {
+    if gvr.group.is_empty() {
+        gvr.version.clone()
+    } else {
+        format!("{}/{}", gvr.group, gvr.version)
+    }
+}
+
+/// The document name under which a resource's kind is kept.
+pub fn document_name(gvr: &Gvr) -> String {
+    format!("kinds/{gvr}")
+}
+
+#[derive(Deserialize)]
+struct TypeMeta {
+    kind: Option<String>,
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+}
+
+/// The object with `kind` and `apiVersion` first, as a GET would return it. List items of
+/// built-in types lack both; they are spliced in as text, the rest of the bytes untouched.
+pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo) -> Cow<'a, [u8]> {
+    let has_kind = serde_json::from_slice::<TypeMeta>(item)
+        .map(|m| m.kind.is_some())
+        .unwrap_or(true);
+    let Some(rest) = item.strip_prefix(b"{") else {
+        return Cow::Borrowed(item);
+    };
+    if has_kind || kind.kind.is_empty() {
+        return Cow::Borrowed(item);
+    }
+    let head = serde_json::json!({"kind": kind.kind, "apiVersion": kind.api_version}).to_string();
+    let mut out = Vec::with_capacity(item.len() + head.len() + 1);
+    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    if !rest.trim_ascii_start().starts_with(b"}") {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn pod_kind() -> KindInfo {
+        KindInfo::from_list("PodList", "v1").unwrap()
+    }
+
+    #[test]
+    fn list_items_get_their_type_meta() {
+        let item = br#"{"metadata":{"name":"p","namespace":"d"},"spec":{}}"#;
+        let out = with_type_meta(item, &pod_kind());
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["kind"], "Pod");
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["metadata"]["name"], "p");
+        assert!(out.ends_with(br#""spec":{}}"#), "the rest is untouched");
+    }
+
+    #[test]
+    fn objects_with_a_kind_are_untouched() {
+        let item = br#"{"kind":"Widget","apiVersion":"x.io/v1","metadata":{"name":"w"}}"#;
+        assert!(matches!(
+            with_type_meta(item, &pod_kind()),
+            Cow::Borrowed(_)
+        ));
+        let empty = with_type_meta(b"{}", &pod_kind());
+        let v: Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(v["kind"], "Pod");
+    }
+
+    #[test]
+    fn kinds_from_lists_and_objects() {
+        assert_eq!(pod_kind().list_kind(), "PodList");
+        assert!(KindInfo::from_list("List", "v1").is_none());
+        assert!(KindInfo::from_list("Status", "v1").is_none());
+        let k = KindInfo::from_object(br#"{"kind":"Lease","apiVersion":"coordination.k8s.io/v1"}"#);
+        assert_eq!(k.unwrap().api_version, "coordination.k8s.io/v1");
+        assert_eq!(
+            api_version(&Gvr::new("apps", "v1", "deployments")),
+            "apps/v1"
+        );
+        assert_eq!(
+            document_name(&Gvr::new("", "v1", "pods")),
+            "kinds/pods.v1.core"
+        );
+    }
+}

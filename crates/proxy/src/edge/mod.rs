@@ -1,0 +1,171 @@
+//! Edge mode: the cache side of the pipeline.
+//!
+//! Start at [`Edge`]: the pipeline asks it three things, in lifecycle order.
+//! 1. *route*: [`Edge::plan`] — does the cache take part in this request, and under which key
+//!    ([`policy`]); [`Edge::is_offline`] — is the cloud known to be unreachable ([`cloud`]).
+//! 2. *remote*: [`Edge::prepare_upstream`] asks for uncompressed JSON ([`negotiate`]);
+//!    [`Edge::tee`] copies a good response into the cache on its way to the client ([`tee`]),
+//!    and a single writer thread applies it ([`writer`]).
+//! 3. *cache*: [`Edge::serve`] answers from the cache when the cloud is unreachable
+//!    ([`offline`] for GET / LIST / discovery, [`watch`] for WATCH).
+//!
+//! Filters (a later issue) run on the way out, after the tee, so the cache keeps the upstream
+//! truth and a change of filter configuration applies to cached data too.
+
+pub mod cloud;
+pub mod kinds;
+pub mod negotiate;
+pub mod offline;
+pub mod policy;
+pub mod tee;
+pub mod watch;
+pub mod writer;
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Response, StatusCode};
+use outpost_cache::Store;
+use outpost_core::RequestInfo;
+use tracing::debug;
+
+pub use cloud::Cloud;
+pub use policy::{CacheAgents, CachePlan, CachePolicy};
+pub use writer::Writer;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use tee::{Sink, TeeBody};
+use writer::CacheOp;
+
+/// The edge cache as the pipeline sees it.
+pub struct Edge {
+    store: Arc<dyn Store>,
+    policy: CachePolicy,
+    writer: Writer,
+    cloud: Arc<Cloud>,
+    metrics: Metrics,
+}
+
+impl Edge {
+    /// Starts the writer thread over `store`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        policy: CachePolicy,
+        metrics: Metrics,
+    ) -> std::io::Result<Edge> {
+        let writer = Writer::start(store.clone(), metrics.clone())?;
+        Ok(Edge {
+            cloud: Cloud::new(metrics.clone()),
+            store,
+            policy,
+            writer,
+            metrics,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn cloud(&self) -> &Arc<Cloud> {
+        &self.cloud
+    }
+
+    pub fn policy(&self) -> &CachePolicy {
+        &self.policy
+    }
+
+    /// Whether the cache takes part in this request. A client that accepts no JSON is proxied
+    /// without the cache: the cache could never answer it in its own encoding.
+    pub fn plan(&self, info: &RequestInfo, headers: &HeaderMap) -> Option<CachePlan> {
+        self.policy
+            .plan(info, headers)
+            .filter(|_| negotiate::accepts_json(headers))
+    }
+
+    pub fn is_offline(&self) -> bool {
+        !self.cloud.is_online()
+    }
+
+    /// Rewrites a cached request's headers so the response can be cached as received.
+    /// Server-side transformations (`as=Table`) are left alone: they go through uncached.
+    pub fn prepare_upstream(&self, plan: &CachePlan, headers: &mut HeaderMap) {
+        if !matches!(plan, CachePlan::Discovery { .. }) && !negotiate::wants_transformation(headers)
+        {
+            negotiate::ask_for_json(headers);
+        }
+    }
+
+    /// Copies a response into the cache as it streams to the client (2xx JSON only); a GET
+    /// answered 404 removes the object from the cache.
+    pub fn tee(&self, plan: &CachePlan, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND {
+            if let CachePlan::Object { key } = plan {
+                self.writer.submit(CacheOp::Gone { key: key.clone() });
+            }
+            return resp;
+        }
+        if !status.is_success() {
+            return resp;
+        }
+        let Some(sink) = self.sink(plan, resp.headers()) else {
+            debug!(?plan, "response not cacheable as received");
+            return resp;
+        };
+        let writer = self.writer.clone();
+        resp.map(|body| {
+            use http_body_util::BodyExt;
+            TeeBody::new(body, sink, writer).boxed()
+        })
+    }
+
+    fn sink(&self, plan: &CachePlan, headers: &HeaderMap) -> Option<Sink> {
+        if let CachePlan::Discovery { path } = plan {
+            let content_type = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
+            let variant = offline::discovery_variant(content_type)?;
+            let name = offline::discovery_names(path)[variant].clone();
+            return Some(Sink::Document {
+                name,
+                content_type: content_type.to_owned(),
+            });
+        }
+        if !negotiate::is_plain_json(headers) {
+            return None;
+        }
+        Some(match plan {
+            CachePlan::Object { key } => Sink::Object(key.clone()),
+            CachePlan::List { scope } => Sink::List(scope.clone()),
+            CachePlan::Watch { scope } => Sink::Watch(scope.clone()),
+            CachePlan::Discovery { .. } => unreachable!("handled above"),
+        })
+    }
+
+    /// Answers from the cache (the cloud is unreachable).
+    pub async fn serve(
+        &self,
+        plan: CachePlan,
+        info: &RequestInfo,
+        headers: &HeaderMap,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let verb = info.verb.as_str();
+        let result = match plan {
+            CachePlan::Object { key } => offline::get(&self.store, key).await,
+            CachePlan::List { scope } => offline::list(&self.store, scope, info).await,
+            CachePlan::Watch { scope } => {
+                watch::serve(&self.store, scope, info, self.cloud.subscribe()).await
+            }
+            CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
+        };
+        let label = match &result {
+            Ok(_) => "served",
+            Err(e) => e.kind(),
+        };
+        self.metrics
+            .cache_served
+            .with_label_values(&[verb, label])
+            .inc();
+        result
+    }
+}

@@ -1,0 +1,126 @@
+//! Content negotiation for cached requests.
+//!
+//! The cache holds upstream JSON, byte for byte. kubelet and kube-proxy send
+//! `Accept: application/vnd.kubernetes.protobuf,application/json`; for a cached request the hub
+//! asks upstream for `application/json` only (a client that lists JSON accepts it) and without
+//! compression, so what the client receives is exactly what the cache stores and what it will be
+//! served offline. A client that accepts no JSON at all (protobuf only) is proxied untouched and
+//! not cached: it never receives an encoding it did not ask for.
+
+use http::HeaderMap;
+use http::header::{self, HeaderValue};
+
+/// Whether the `Accept` header allows a plain JSON body (absent and `*/*` do).
+pub fn accepts_json(headers: &HeaderMap) -> bool {
+    let Some(accept) = headers.get(header::ACCEPT) else {
+        return true;
+    };
+    let Ok(accept) = accept.to_str() else {
+        return false;
+    };
+    accept.split(',').any(|item| {
+        let media = item.split(';').next().unwrap_or("").trim();
+        matches!(media, "application/json" | "application/*" | "*/*" | "")
+            && !item.contains("as=")
+            && !quality_is_zero(item)
+    })
+}
+
+fn quality_is_zero(item: &str) -> bool {
+    item.split(';')
+        .skip(1)
+        .filter_map(|p| p.trim().strip_prefix("q="))
+        .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
+}
+
+/// Whether the client asks for a server-side transformation (`as=Table`,
+/// `as=PartialObjectMetadataList`) as its first choice: such responses are not objects.
+pub fn wants_transformation(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|a| a.split(',').next())
+        .is_some_and(|first| first.contains("as="))
+}
+
+/// Rewrites the upstream request so the response is uncompressed JSON (see the module doc).
+pub fn ask_for_json(headers: &mut HeaderMap) {
+    headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+    headers.remove(header::ACCEPT_ENCODING);
+}
+
+/// Whether an upstream response carries plain, uncompressed JSON that the cache may store.
+pub fn is_plain_json(headers: &HeaderMap) -> bool {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let identity = headers
+        .get(header::CONTENT_ENCODING)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    media.eq_ignore_ascii_case("application/json") && !content_type.contains("as=") && identity
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(value).unwrap());
+        h
+    }
+
+    #[test]
+    fn kubelet_accept_allows_json() {
+        assert!(accepts_json(&accept(
+            "application/vnd.kubernetes.protobuf,application/json"
+        )));
+        assert!(accepts_json(&HeaderMap::new()));
+        assert!(accepts_json(&accept("*/*")));
+        assert!(accepts_json(&accept("application/json;q=0.9")));
+    }
+
+    #[test]
+    fn protobuf_only_and_tables_do_not() {
+        assert!(!accepts_json(&accept(
+            "application/vnd.kubernetes.protobuf"
+        )));
+        assert!(!accepts_json(&accept("application/json;q=0")));
+        assert!(!accepts_json(&accept(
+            "application/json;as=Table;v=v1;g=meta.k8s.io"
+        )));
+        // kubectl get: Table first, plain JSON as the fallback.
+        let kubectl = accept(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+        );
+        assert!(accepts_json(&kubectl));
+        assert!(wants_transformation(&kubectl));
+        assert!(!wants_transformation(&accept("application/json")));
+    }
+
+    #[test]
+    fn rewrite_and_response_checks() {
+        let mut h = accept("application/vnd.kubernetes.protobuf,application/json");
+        h.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        ask_for_json(&mut h);
+        assert_eq!(h[header::ACCEPT], "application/json");
+        assert!(h.get(header::ACCEPT_ENCODING).is_none());
+
+        let mut resp = HeaderMap::new();
+        resp.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        assert!(is_plain_json(&resp));
+        resp.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        assert!(!is_plain_json(&resp));
+        let mut table = HeaderMap::new();
+        table.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json;as=Table;v=v1;g=meta.k8s.io"),
+        );
+        assert!(!is_plain_json(&table));
+    }
+}

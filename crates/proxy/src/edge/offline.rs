@@ -1,0 +1,418 @@
+//! Answers from the cache while the cloud is unreachable: GET, LIST (selectors, namespace,
+//! `limit`/`continue`, list resourceVersion), discovery documents. The offline WATCH is in
+//! [`super::watch`].
+//!
+//! Bodies are built from the stored upstream bytes; objects are never re-encoded. A LIST that no
+//! cached scope covers, or one whose scope lost entries to corruption, is a 503 Status — never an
+//! empty or partial list, because kubelet deletes pods missing from the list it is given. A scope
+//! that the cloud itself reported empty is served empty: that is the truth as last seen.
+//! (yurthub answers kubelet's empty pod list with 404 whatever the reason, §4.4.)
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Response};
+use outpost_cache::{CachedObject, Gvr, ListResult, Lookup, ObjectKey, Scope, Store};
+use outpost_core::RequestInfo;
+use serde::{Deserialize, Serialize};
+
+use super::kinds::{self, KindInfo};
+use crate::body::{self, ProxyBody};
+use crate::error::ProxyError;
+
+/// Runs a blocking store call off the async workers.
+pub async fn blocking<T: Send + 'static>(
+    store: &Arc<dyn Store>,
+    call: impl FnOnce(&dyn Store) -> Result<T, outpost_cache::CacheError> + Send + 'static,
+) -> Result<T, ProxyError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || call(store.as_ref()))
+        .await
+        .map_err(|e| ProxyError::Cache(format!("cache task failed: {e}")))?
+        .map_err(|e| ProxyError::Cache(e.to_string()))
+}
+
+/// A complete JSON response marked as served by the cache.
+pub fn json_response(body: impl Into<Bytes>, content_type: &str) -> Response<ProxyBody> {
+    let mut resp = Response::new(body::full(body));
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    headers.insert(
+        "x-outpost-served-from",
+        HeaderValue::from_static("edge-cache"),
+    );
+    resp
+}
+
+/// GET of one object.
+pub async fn get(
+    store: &Arc<dyn Store>,
+    key: ObjectKey,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let lookup_key = key.clone();
+    match blocking(store, move |s| s.get(&lookup_key)).await? {
+        Lookup::Found(object) => Ok(json_response(object.bytes, "application/json")),
+        Lookup::NotCached | Lookup::Quarantined => Err(ProxyError::NotCached {
+            group: key.gvr.group,
+            resource: key.gvr.resource,
+            name: key.name,
+        }),
+    }
+}
+
+/// LIST of a scope, paged like the apiserver when the client sends `limit`.
+pub async fn list(
+    store: &Arc<dyn Store>,
+    scope: Scope,
+    info: &RequestInfo,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let start = match info
+        .query
+        .continue_token
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    {
+        None => None,
+        Some(token) => Some(ContinueToken::decode(token)?),
+    };
+    let result = covered_list(store, scope.clone()).await?;
+    let kind = resolve_kind(store, &scope.gvr, result.items.first()).await?;
+    let page = Page::of(&result, start.as_ref(), info.query.limit);
+    Ok(json_response(
+        list_body(&kind, &result, &page),
+        "application/json",
+    ))
+}
+
+/// The scope's cached list, or the reason it cannot be served.
+pub async fn covered_list(store: &Arc<dyn Store>, scope: Scope) -> Result<ListResult, ProxyError> {
+    let query = scope.clone();
+    let Some(result) = blocking(store, move |s| s.list(&query)).await? else {
+        return Err(ProxyError::Offline(format!(
+            "no cached list covers {} for {} (it was never listed while online)",
+            scope.gvr, scope.component
+        )));
+    };
+    if !result.missing.is_empty() {
+        return Err(ProxyError::Offline(format!(
+            "the cached {} list is incomplete ({} corrupt entries quarantined); it will be refetched when the cloud is back",
+            scope.gvr,
+            result.missing.len()
+        )));
+    }
+    Ok(result)
+}
+
+/// The kind learned for `gvr` (a document written by the cache writer), else read off an item.
+pub async fn resolve_kind(
+    store: &Arc<dyn Store>,
+    gvr: &Gvr,
+    first: Option<&CachedObject>,
+) -> Result<KindInfo, ProxyError> {
+    let name = kinds::document_name(gvr);
+    let doc = blocking(store, move |s| s.get_document(&name)).await?;
+    Ok(doc
+        .and_then(|d| serde_json::from_slice::<KindInfo>(&d).ok())
+        .or_else(|| first.and_then(|o| KindInfo::from_object(&o.bytes)))
+        .unwrap_or_else(|| KindInfo::fallback(gvr)))
+}
+
+/// Where a page starts: after this (namespace, name), in a list at this resourceVersion.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContinueToken {
+    /// Marks tokens the hub issued; upstream tokens look different and are refused with 410.
+    outpost: u8,
+    rv: String,
+    namespace: String,
+    name: String,
+}
+
+impl ContinueToken {
+    fn after(rv: &str, object: &ObjectKey) -> ContinueToken {
+        ContinueToken {
+            outpost: 1,
+            rv: rv.to_owned(),
+            namespace: object.namespace.clone(),
+            name: object.name.clone(),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).expect("a token serializes"))
+    }
+
+    /// A token this hub did not issue (e.g. one from the apiserver before the outage) is
+    /// expired, as the apiserver says of tokens it can no longer serve: the client starts over.
+    pub fn decode(token: &str) -> Result<ContinueToken, ProxyError> {
+        URL_SAFE_NO_PAD
+            .decode(token.trim_end_matches('='))
+            .ok()
+            .and_then(|raw| serde_json::from_slice::<ContinueToken>(&raw).ok())
+            .filter(|t| t.outpost == 1)
+            .ok_or_else(|| {
+                ProxyError::Expired(
+                    "the provided continue parameter is too old to display a consistent list result; start a new list without it".into(),
+                )
+            })
+    }
+}
+
+/// One page of a list result.
+#[derive(Debug, PartialEq)]
+struct Page {
+    range: std::ops::Range<usize>,
+    next: Option<ContinueToken>,
+}
+
+impl Page {
+    fn of(result: &ListResult, start: Option<&ContinueToken>, limit: Option<u64>) -> Page {
+        let items = &result.items;
+        let first = start.map_or(0, |t| {
+            items.partition_point(|o| {
+                let (ns, name) = object_position(o);
+                (ns, name) <= (t.namespace.as_str(), t.name.as_str())
+            })
+        });
+        let limit = limit.filter(|&l| l > 0).map_or(usize::MAX, |l| l as usize);
+        let end = first.saturating_add(limit).min(items.len());
+        let next = (end < items.len() && end > first).then(|| {
+            let last = &items[end - 1];
+            let (namespace, name) = object_position(last);
+            ContinueToken::after(
+                result.resource_version.as_str(),
+                &ObjectKey::new("", &Gvr::new("", "", ""), namespace, name),
+            )
+        });
+        Page {
+            range: first..end,
+            next,
+        }
+    }
+}
+
+/// (namespace, name) of a stored object, the order the store lists in.
+fn object_position(object: &CachedObject) -> (&str, &str) {
+    #[derive(Deserialize)]
+    struct Meta<'a> {
+        #[serde(borrow, default)]
+        metadata: Names<'a>,
+    }
+    #[derive(Deserialize, Default)]
+    struct Names<'a> {
+        #[serde(borrow, default)]
+        namespace: &'a str,
+        #[serde(borrow, default)]
+        name: &'a str,
+    }
+    serde_json::from_slice::<Meta<'_>>(&object.bytes)
+        .map(|m| (m.metadata.namespace, m.metadata.name))
+        .unwrap_or(("", ""))
+}
+
+/// `{"kind":"PodList","apiVersion":"v1","metadata":{…},"items":[…]}` from the stored bytes.
+fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
+    let items = &result.items[page.range.clone()];
+    let mut metadata = serde_json::json!({"resourceVersion": result.resource_version.as_str()});
+    if let Some(next) = &page.next {
+        metadata["continue"] = next.encode().into();
+        metadata["remainingItemCount"] = (result.items.len() - page.range.end).into();
+    }
+    let list_kind = if kind.kind.is_empty() {
+        "List".to_owned()
+    } else {
+        kind.list_kind()
+    };
+    let head = serde_json::json!({
+        "kind": list_kind,
+        "apiVersion": kind.api_version,
+        "metadata": metadata,
+    })
+    .to_string();
+    let size = items.iter().map(|o| o.bytes.len() + 1).sum::<usize>();
+    let mut out = Vec::with_capacity(head.len() + size + 16);
+    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, object) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&object.bytes);
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// A discovery document as stored by the writer: the upstream content type, a newline, the body.
+pub fn discovery_document(content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut doc = Vec::with_capacity(content_type.len() + 1 + body.len());
+    doc.extend_from_slice(content_type.as_bytes());
+    doc.push(b'\n');
+    doc.extend_from_slice(body);
+    doc
+}
+
+/// The document names a discovery path is cached under: one per encoding variant.
+pub fn discovery_names(path: &str) -> [String; 2] {
+    [
+        format!("discovery/aggregated{path}"),
+        format!("discovery/plain{path}"),
+    ]
+}
+
+/// The variant a discovery response is stored as, from its content type; `None` = not cached.
+pub fn discovery_variant(content_type: &str) -> Option<usize> {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    if !media.eq_ignore_ascii_case("application/json") {
+        return None;
+    }
+    if content_type.contains("as=APIGroupDiscoveryList") {
+        Some(0)
+    } else if !content_type.contains("as=") {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// Discovery offline: the aggregated document when the client asks for it, else the plain one.
+pub async fn discovery(
+    store: &Arc<dyn Store>,
+    path: &str,
+    headers: &HeaderMap,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let [aggregated, plain] = discovery_names(path);
+    let mut candidates = Vec::new();
+    if accept.contains("as=APIGroupDiscoveryList") {
+        candidates.push(aggregated);
+    }
+    if super::negotiate::accepts_json(headers) {
+        candidates.push(plain);
+    }
+    for name in candidates {
+        let doc = blocking(store, move |s| s.get_document(&name)).await?;
+        if let Some((content_type, body)) = doc.as_deref().and_then(split_document) {
+            return Ok(json_response(Bytes::copy_from_slice(body), content_type));
+        }
+    }
+    Err(ProxyError::Offline(format!(
+        "discovery document {path} was not cached in an encoding the client accepts"
+    )))
+}
+
+fn split_document(doc: &[u8]) -> Option<(&str, &[u8])> {
+    let newline = doc.iter().position(|&b| b == b'\n')?;
+    let content_type = std::str::from_utf8(&doc[..newline]).ok()?;
+    Some((content_type, &doc[newline + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outpost_cache::ResourceVersion;
+    use serde_json::Value;
+    use std::time::SystemTime;
+
+    fn object(ns: &str, name: &str) -> CachedObject {
+        let bytes = serde_json::json!({"kind":"Pod","apiVersion":"v1","metadata":{"namespace":ns,"name":name}});
+        CachedObject {
+            bytes: Bytes::from(bytes.to_string()),
+            resource_version: ResourceVersion::new("1"),
+            uid: String::new(),
+            checksum: 0,
+            written_at: SystemTime::now(),
+        }
+    }
+
+    fn result(n: usize) -> ListResult {
+        ListResult {
+            served_from: Scope::unfiltered("kubelet", &Gvr::new("", "v1", "pods"), None).id(),
+            resource_version: ResourceVersion::new("42"),
+            items: (0..n).map(|i| object("d", &format!("p{i:02}"))).collect(),
+            missing: Vec::new(),
+        }
+    }
+
+    fn pod_kind() -> KindInfo {
+        KindInfo::from_list("PodList", "v1").unwrap()
+    }
+
+    #[test]
+    fn pages_walk_the_whole_list_once() {
+        let result = result(7);
+        let mut seen = Vec::new();
+        let mut token: Option<ContinueToken> = None;
+        for _ in 0..10 {
+            let page = Page::of(&result, token.as_ref(), Some(3));
+            let body: Value =
+                serde_json::from_slice(&list_body(&pod_kind(), &result, &page)).unwrap();
+            assert_eq!(body["kind"], "PodList");
+            assert_eq!(body["metadata"]["resourceVersion"], "42");
+            for item in body["items"].as_array().unwrap() {
+                seen.push(item["metadata"]["name"].as_str().unwrap().to_owned());
+            }
+            match body["metadata"]["continue"].as_str() {
+                Some(t) => token = Some(ContinueToken::decode(t).unwrap()),
+                None => break,
+            }
+        }
+        let expected: Vec<String> = (0..7).map(|i| format!("p{i:02}")).collect();
+        assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn unlimited_lists_have_no_continue() {
+        let result = result(3);
+        let page = Page::of(&result, None, None);
+        let body: Value = serde_json::from_slice(&list_body(&pod_kind(), &result, &page)).unwrap();
+        assert_eq!(body["items"].as_array().unwrap().len(), 3);
+        assert!(body["metadata"].get("continue").is_none());
+        let empty = result_with_no_items();
+        let page = Page::of(&empty, None, Some(5));
+        let body: Value = serde_json::from_slice(&list_body(&pod_kind(), &empty, &page)).unwrap();
+        assert_eq!(body["items"], serde_json::json!([]));
+    }
+
+    fn result_with_no_items() -> ListResult {
+        result(0)
+    }
+
+    #[test]
+    fn foreign_tokens_are_expired() {
+        let upstream =
+            URL_SAFE_NO_PAD.encode(br#"{"v":"meta.k8s.io/v1","rv":5,"start":"d/p\u0000"}"#);
+        for token in [upstream.as_str(), "not base64 !!", ""] {
+            let err = ContinueToken::decode(token).unwrap_err();
+            assert_eq!(err.into_status().code, 410);
+        }
+    }
+
+    #[test]
+    fn discovery_variants() {
+        assert_eq!(discovery_variant("application/json"), Some(1));
+        assert_eq!(
+            discovery_variant(
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+            ),
+            Some(0)
+        );
+        assert_eq!(
+            discovery_variant("application/vnd.kubernetes.protobuf"),
+            None
+        );
+        let doc = discovery_document("application/json", b"{\"kind\":\"APIVersions\"}");
+        assert_eq!(
+            split_document(&doc),
+            Some(("application/json", &b"{\"kind\":\"APIVersions\"}"[..]))
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! The offline WATCH: a real stream, where yurthub sends an empty one (§0.4 of the reference).
+//!
+//! - No `resourceVersion` (or `"0"`, or `sendInitialEvents=true`): `ADDED` for every cached object
+//!   of the scope, then (with `sendInitialEvents` and bookmarks) the `k8s.io/initial-events-end`
+//!   bookmark, as the apiserver does.
+//! - `resourceVersion=N`: the cached events after N, filtered like the list. When the cache
+//!   cannot prove it holds all of them, a single `ERROR` event with a 410 `Expired` Status, exactly
+//!   as kube-apiserver answers a watch from a compacted version, so the client relists.
+//! - Then the stream stays open, sending `BOOKMARK`s when asked for, until `timeoutSeconds`, the
+//!   client leaves, or the cloud is back: the stream then ends so the client re-watches (or
+//!   relists) against the cloud and sees what changed while it was offline.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Response;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use outpost_cache::{CacheError, Event, ReplayError, Scope, Store};
+use outpost_core::{RequestInfo, Status};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+
+use super::kinds::KindInfo;
+use super::offline::{self, blocking, covered_list, resolve_kind};
+use crate::body::{BoxError, ProxyBody};
+use crate::error::ProxyError;
+
+/// How often an idle offline watch sends a BOOKMARK when the client allows them.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// kube-apiserver's `--min-request-timeout` (1800 s): a watch without `timeoutSeconds` ends after
+/// a random 1x-2x of it, so that reconnects spread out.
+const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
+
+/// What the stream starts with.
+struct Start {
+    lines: Vec<Bytes>,
+    /// The resourceVersion bookmarks carry.
+    resource_version: String,
+    /// A 410 was sent: end right after it.
+    expired: bool,
+}
+
+/// Serves an offline WATCH of `scope`; `online` ends it when the cloud is back.
+pub async fn serve(
+    store: &Arc<dyn Store>,
+    scope: Scope,
+    info: &RequestInfo,
+    online: watch::Receiver<bool>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let q = &info.query;
+    let from = q.resource_version.clone().filter(|rv| rv != "0");
+    let initial_events = q.send_initial_events.unwrap_or(from.is_none());
+    let kind;
+    let start = if initial_events {
+        let list = covered_list(store, scope.clone()).await?;
+        kind = resolve_kind(store, &scope.gvr, list.items.first()).await?;
+        let rv = list.resource_version.as_str().to_owned();
+        let mut lines: Vec<Bytes> = list
+            .items
+            .iter()
+            .map(|o| event_line("ADDED", &o.bytes))
+            .collect();
+        if q.send_initial_events == Some(true) && q.allow_watch_bookmarks {
+            lines.push(bookmark(&kind, &rv, true));
+        }
+        Start {
+            lines,
+            resource_version: rv,
+            expired: false,
+        }
+    } else {
+        let from = from.unwrap_or_default();
+        kind = resolve_kind(store, &scope.gvr, None).await?;
+        replay(store, scope, from).await?
+    };
+    let timeout = q
+        .timeout_seconds
+        .filter(|&s| s > 0)
+        .map_or_else(default_timeout, Duration::from_secs);
+    let (tx, rx) = mpsc::channel(64);
+    let bookmarks = q.allow_watch_bookmarks;
+    tokio::spawn(stream(start, kind, bookmarks, timeout, online, tx));
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+        let line = rx.recv().await?;
+        Some((Ok::<_, BoxError>(Frame::data(line)), rx))
+    });
+    let mut resp = offline::json_response(Bytes::new(), "application/json");
+    *resp.body_mut() = StreamBody::new(frames).boxed();
+    Ok(resp)
+}
+
+async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<Start, ProxyError> {
+    let since = from.clone();
+    let replayed = blocking(store, move |s| match s.events_since(&scope, &since) {
+        Ok(events) => Ok(Ok(events)),
+        Err(ReplayError::TooOld(too_old)) => Ok(Err(too_old)),
+        Err(ReplayError::Cache(e)) => Err::<_, CacheError>(e),
+    })
+    .await?;
+    Ok(match replayed {
+        Ok(events) => Start {
+            resource_version: events
+                .last()
+                .map_or(from, |e| e.resource_version.as_str().to_owned()),
+            lines: events.iter().map(replayed_line).collect(),
+            expired: false,
+        },
+        Err(too_old) => Start {
+            lines: vec![expired_line(&from, &format!("{too_old:?}"))],
+            resource_version: from,
+            expired: true,
+        },
+    })
+}
+
+async fn stream(
+    start: Start,
+    kind: KindInfo,
+    bookmarks: bool,
+    timeout: Duration,
+    mut online: watch::Receiver<bool>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    for line in start.lines {
+        if tx.send(line).await.is_err() {
+            return;
+        }
+    }
+    if start.expired {
+        return;
+    }
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + BOOKMARK_INTERVAL,
+        BOOKMARK_INTERVAL,
+    );
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            () = until_online(&mut online) => return,
+            _ = tx.closed() => return,
+            _ = tick.tick(), if bookmarks => {
+                if tx.send(bookmark(&kind, &start.resource_version, false)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+async fn until_online(online: &mut watch::Receiver<bool>) {
+    if online.wait_for(|up| *up).await.is_err() {
+        // The hub is shutting down: its state will never change again.
+        std::future::pending::<()>().await;
+    }
+}
+
+fn event_line(event_type: &str, object: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object.len() + 32);
+    line.extend_from_slice(b"{\"type\":\"");
+    line.extend_from_slice(event_type.as_bytes());
+    line.extend_from_slice(b"\",\"object\":");
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
+}
+
+fn replayed_line(event: &Event) -> Bytes {
+    event_line(event.event_type.as_str(), &event.object)
+}
+
+/// A BOOKMARK as kube-apiserver sends it: only kind, apiVersion and resourceVersion.
+fn bookmark(kind: &KindInfo, rv: &str, initial_events_end: bool) -> Bytes {
+    let mut metadata = json!({ "resourceVersion": rv });
+    if initial_events_end {
+        metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+    }
+    let object = json!({ "kind": kind.kind, "apiVersion": kind.api_version, "metadata": metadata });
+    event_line("BOOKMARK", object.to_string().as_bytes())
+}
+
+fn expired_line(from: &str, detail: &str) -> Bytes {
+    let status = Status::expired(format!(
+        "too old resource version: {from} (the edge cache cannot replay from it: {detail})"
+    ));
+    event_line("ERROR", &status.to_json())
+}
+
+fn default_timeout() -> Duration {
+    let jitter = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    MIN_REQUEST_TIMEOUT + Duration::from_secs(jitter % MIN_REQUEST_TIMEOUT.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn lines_have_the_apiserver_shape() {
+        let kind = KindInfo::from_list("PodList", "v1").unwrap();
+        let b: Value = serde_json::from_slice(&bookmark(&kind, "77", true)).unwrap();
+        assert_eq!(b["type"], "BOOKMARK");
+        assert_eq!(b["object"]["kind"], "Pod");
+        assert_eq!(b["object"]["metadata"]["resourceVersion"], "77");
+        assert_eq!(
+            b["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+        let e: Value = serde_json::from_slice(&expired_line("5", "trimmed")).unwrap();
+        assert_eq!(e["type"], "ERROR");
+        assert_eq!(e["object"]["code"], 410);
+        assert_eq!(e["object"]["reason"], "Expired");
+        assert!(event_line("ADDED", b"{}").ends_with(b"}\n"));
+        let t = default_timeout();
+        assert!(t >= MIN_REQUEST_TIMEOUT && t < 2 * MIN_REQUEST_TIMEOUT);
+    }
+}
