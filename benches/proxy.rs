@@ -64,6 +64,7 @@ fn online_get(c: &mut Criterion) {
                 tls: tls.clone(),
             },
             edge: None,
+            namespace: "kube-system".into(),
         })
         .await
         .expect("hub");

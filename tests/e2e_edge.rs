@@ -6,8 +6,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::ResourceExt;
 use serde_json::{Value, json};
-use support::{Cluster, HubProcess, NODE, get, raw_http};
+use support::{Cluster, HubProcess, NODE, eventually, get, raw_http};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 /// What kubelet really sends.
@@ -198,4 +202,248 @@ async fn wait_online(hub: &HubProcess) {
         assert!(Instant::now() < deadline, "hub stayed offline");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+fn kube_client(hub: &HubProcess) -> kube::Client {
+    let mut config = kube::Config::new(hub.proxy_url().parse().expect("hub url"));
+    // kube-rs sends no User-Agent by default; the hub keys its component on it.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(KUBELET_UA),
+    ));
+    kube::Client::try_from(config).expect("kube client")
+}
+
+fn node_pods(hub: &HubProcess) -> (Api<Pod>, String) {
+    (
+        Api::all(kube_client(hub)),
+        format!("spec.nodeName={NODE}"),
+    )
+}
+
+/// The next event of a watch stream, bounded in time.
+async fn next_event<S>(stream: &mut S) -> WatchEvent<Pod>
+where
+    S: futures_util::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin,
+{
+    tokio::time::timeout(Duration::from_secs(15), stream.next())
+        .await
+        .expect("an event within 15 s")
+        .expect("the stream is open")
+        .expect("a decodable event")
+}
+
+fn event_name(event: &WatchEvent<Pod>) -> (String, String) {
+    match event {
+        WatchEvent::Added(p) => ("ADDED".into(), p.name_any()),
+        WatchEvent::Modified(p) => ("MODIFIED".into(), p.name_any()),
+        WatchEvent::Deleted(p) => ("DELETED".into(), p.name_any()),
+        WatchEvent::Bookmark(b) => ("BOOKMARK".into(), b.metadata.resource_version.clone()),
+        WatchEvent::Error(e) => ("ERROR".into(), e.code.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_watch_is_a_real_stream() {
+    let cluster = Cluster::start().await;
+    for name in ["a", "b"] {
+        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+    }
+    let hub = cluster.start_hub();
+    let (pods, fields) = node_pods(&hub);
+    let list = pods
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .expect("online list");
+    let list_rv = list.metadata.resource_version.clone().unwrap();
+
+    // Online: a watch from the list's version sees a change, and the hub caches it.
+    let wp = WatchParams::default().fields(&fields).timeout(60);
+    let mut online = pods.watch(&wp, &list_rv).await.unwrap().boxed();
+    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
+    changed["metadata"]["labels"]["app"] = json!("changed");
+    cluster.fake.update("v1/pods", changed).unwrap();
+    assert_eq!(event_name(&next_event(&mut online).await), ("MODIFIED".into(), "a".into()));
+
+    cluster.fake.refuse_connections();
+    cluster.fake.cut_watches();
+    drop(online);
+    until_cached(&hub, &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}")).await;
+
+    // Offline, from the list's version: the cached change is replayed, then bookmarks follow.
+    let mut replay = pods.watch(&wp, &list_rv).await.expect("offline watch").boxed();
+    let first = next_event(&mut replay).await;
+    assert_eq!(event_name(&first), ("MODIFIED".into(), "a".into()));
+    let WatchEvent::Modified(a) = first else { unreachable!() };
+    assert_eq!(a.labels()["app"], "changed");
+    assert_eq!(event_name(&next_event(&mut replay).await).0, "BOOKMARK");
+
+    // Offline, from "0": the current state as ADDED events.
+    let mut fresh = pods.watch(&wp, "0").await.expect("offline watch from 0").boxed();
+    let mut added = vec![
+        event_name(&next_event(&mut fresh).await),
+        event_name(&next_event(&mut fresh).await),
+    ];
+    added.sort();
+    assert_eq!(
+        added,
+        [("ADDED".into(), "a".into()), ("ADDED".into(), "b".into())]
+    );
+
+    // A version older than the cache can replay: 410 Expired, as the apiserver answers.
+    let mut old = pods.watch(&wp, "1").await.expect("offline watch from 1").boxed();
+    assert_eq!(event_name(&next_event(&mut old).await), ("ERROR".into(), "410".into()));
+
+    // The cloud returns: open offline watches end, so clients go back to the cloud.
+    cluster.fake.restore().await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = replay.next().await {
+            if let Ok(WatchEvent::Modified(_) | WatchEvent::Added(_) | WatchEvent::Deleted(_)) = event {
+                panic!("no object events expected after the replay");
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the offline watch must end when the cloud is back");
+}
+
+/// (name, resourceVersion) of this node's pods, as upstream has them.
+fn upstream_pods(cluster: &Cluster) -> Vec<(String, String)> {
+    let mut pods: Vec<(String, String)> = cluster
+        .fake
+        .list("v1/pods", None)
+        .into_iter()
+        .filter(|p| p["spec"]["nodeName"] == NODE)
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap().to_owned(),
+                p["metadata"]["resourceVersion"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    pods.sort();
+    pods
+}
+
+/// (name, resourceVersion) of a list body.
+fn listed(list: &Value) -> Vec<(String, String)> {
+    let mut pods: Vec<(String, String)> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap().to_owned(),
+                p["metadata"]["resourceVersion"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    pods.sort();
+    pods
+}
+
+/// Changes upstream while the hub is cut off: one pod added, one modified, one deleted.
+fn change_upstream(cluster: &Cluster, added: &str, modified: &str, deleted: &str) {
+    cluster.fake.create("v1/pods", pod(added, NODE, "web")).unwrap();
+    let mut m = cluster.fake.get("v1/pods", Some("default"), modified).unwrap();
+    m["metadata"]["labels"]["app"] = json!("modified-offline");
+    cluster.fake.update("v1/pods", m).unwrap();
+    cluster
+        .fake
+        .delete("v1/pods", Some("default"), deleted)
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_converges_with_a_kube_rs_watcher() {
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let cluster = Cluster::start().await;
+    for name in ["a", "b", "c"] {
+        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+    }
+    let hub = cluster.start_hub();
+    let (pods, fields) = node_pods(&hub);
+    let (reader, writer) = reflector::store::<Pod>();
+    let stream = reflector(
+        writer,
+        watcher(pods, watcher::Config::default().fields(&fields)),
+    )
+    .default_backoff()
+    .applied_objects();
+    let watcher_task = tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    let reflected = || {
+        let mut names: Vec<String> = reader.state().iter().map(|p| p.name_any()).collect();
+        names.sort();
+        names
+    };
+    assert!(eventually(Duration::from_secs(10), || reflected() == ["a", "b", "c"]).await);
+
+    // Outage: the watcher's watch is cut and continues against the cache.
+    cluster.fake.refuse_connections();
+    cluster.fake.cut_watches();
+    let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    until_cached(&hub, &scope).await;
+    change_upstream(&cluster, "d", "a", "b");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(reflected(), ["a", "b", "c"], "offline, the node keeps its last view");
+
+    // Reconnect: the offline watch ends, the watcher resumes against the cloud.
+    cluster.fake.restore().await;
+    assert!(
+        eventually(Duration::from_secs(5), || reflected() == ["a", "c", "d"]).await,
+        "watcher state {:?}",
+        reflected()
+    );
+
+    // Within 5 s the cache equals upstream for that scope: a second outage serves exactly it.
+    let expected = upstream_pods(&cluster);
+    cluster.fake.refuse_connections();
+    cluster.fake.cut_watches();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp = kubelet_get(&hub, &scope).await;
+        if resp.status == 200 && served_from_cache(&resp) && listed(&resp.json()) == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cache did not converge: {:?} vs upstream {expected:?}",
+            (resp.status == 200).then(|| listed(&resp.json()))
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(reflected(), ["a", "c", "d"], "the watcher keeps the converged view");
+    watcher_task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
+    let cluster = Cluster::start().await;
+    for name in ["a", "b"] {
+        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+    }
+    let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let node_path = format!("/api/v1/nodes/{NODE}");
+    {
+        let hub = cluster.start_hub();
+        assert_eq!(kubelet_get(&hub, &scope).await.status, 200);
+        assert_eq!(kubelet_get(&hub, &node_path).await.status, 200);
+        cluster.fake.refuse_connections();
+        until_cached(&hub, &scope).await;
+        until_cached(&hub, &node_path).await;
+        // Dropping the guard sends SIGKILL: no shutdown path runs.
+    }
+    let hub = cluster.start_hub();
+    let list = kubelet_get(&hub, &scope).await;
+    assert_eq!(list.status, 200, "{}", String::from_utf8_lossy(&list.body));
+    assert!(served_from_cache(&list));
+    assert_eq!(names(&list.json()), ["a", "b"]);
+    let node = kubelet_get(&hub, &node_path).await;
+    assert_eq!(node.status, 200);
+    assert_eq!(node.json()["metadata"]["name"], NODE);
+    let ready = get(hub.admin, "/v1/readyz", "test").await;
+    assert_eq!(ready.status, 200);
 }

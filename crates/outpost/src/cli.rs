@@ -228,6 +228,8 @@ pub struct ValidatedHub {
     pub client_pem: PathBuf,
     pub ca_file: PathBuf,
     pub lb_mode: LbMode,
+    /// `--namespace`: where `yurt-hub-cfg` lives.
+    pub namespace: String,
 }
 
 impl HubFlags {
@@ -260,6 +262,7 @@ impl HubFlags {
                 LbModeFlag::Rr => LbMode::RoundRobin,
                 LbModeFlag::Priority => LbMode::Priority,
             },
+            namespace: self.namespace.clone(),
         })
     }
 }

@@ -78,6 +78,7 @@ async fn run() -> Result<()> {
             tls,
         },
         edge: None,
+            namespace: "kube-system".into(),
     })
     .await?;
     println!(

@@ -62,6 +62,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             tls,
         },
         edge,
+        namespace: v.namespace.clone(),
     };
     Ok((config, v))
 }

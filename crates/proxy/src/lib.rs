@@ -10,6 +10,7 @@
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
+//! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`.
 //! - [`server`]: HTTP/1.1 accept loops with graceful shutdown.
 
@@ -18,6 +19,7 @@ pub mod body;
 pub mod edge;
 pub mod error;
 pub mod headers;
+pub mod hubcfg;
 pub mod metrics;
 pub mod pipeline;
 pub mod route;
@@ -46,6 +48,8 @@ pub struct HubConfig {
     pub upstream: UpstreamConfig,
     /// Edge mode: the cache. `None` is cloud mode (proxy only, nothing written to disk).
     pub edge: Option<EdgeConfig>,
+    /// `--namespace`: where `yurt-hub-cfg` lives (kube-system).
+    pub namespace: String,
 }
 
 /// The edge cache's settings.
@@ -118,10 +122,21 @@ impl Hub {
             edge,
             shutdown: shutdown_rx.clone(),
         });
+        let cfg_watch = hubcfg::ConfigWatch::new(
+            &config.namespace,
+            pipeline.upstream.clone(),
+            pipeline.edge.as_ref().map(|e| e.store().clone()),
+        );
+        let mut tasks = Vec::new();
         if let Some(edge) = &pipeline.edge {
             edge.cloud()
                 .probe_at_start(pipeline.upstream.clone(), shutdown_rx.clone());
+            tasks.push(tokio::spawn(apply_cache_agents(
+                cfg_watch.subscribe(),
+                edge.policy().clone(),
+            )));
         }
+        tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
         let admin = Arc::new(admin::Admin { readiness, metrics });
 
         let proxy_task = tokio::spawn(server::serve(
@@ -139,7 +154,10 @@ impl Hub {
             proxy_addr,
             admin_addr,
             shutdown,
-            tasks: vec![proxy_task, admin_task],
+            tasks: {
+                tasks.extend([proxy_task, admin_task]);
+                tasks
+            },
         })
     }
 
@@ -158,6 +176,23 @@ impl Hub {
             let _ = task.await;
         }
         info!("hub stopped");
+    }
+}
+
+/// Keeps the cache agents in step with `yurt-hub-cfg`'s `cache_agents` key.
+async fn apply_cache_agents(
+    mut config: watch::Receiver<Arc<hubcfg::HubCfg>>,
+    policy: edge::CachePolicy,
+) {
+    loop {
+        let agents = edge::CacheAgents::with_extra(config.borrow_and_update().get("cache_agents"));
+        if *policy.agents() != agents {
+            info!(?agents, "cache agents changed");
+            policy.set_agents(agents);
+        }
+        if config.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -365,6 +365,46 @@ pub static RESOURCES: &[ResourceDef] = &[
         zero_fields: r#"{"spec":{"request":null,"signerName":""},"status":{}}"#,
         ..BASE
     },
+    // Read by the RBAC authorizer (`rbac` module) straight from the store. The RBAC strategies
+    // allow create-on-update, which is also what `FakeApiServer::apply_rbac` relies on.
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        name: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        kind: "ClusterRoleBinding",
+        namespaced: false,
+        create_on_update: true,
+        zero_fields: r#"{"roleRef":{"apiGroup":"","kind":"","name":""}}"#,
+        ..BASE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        name: "clusterroles",
+        singular: "clusterrole",
+        kind: "ClusterRole",
+        namespaced: false,
+        create_on_update: true,
+        zero_fields: r#"{"rules":null}"#,
+        ..BASE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        name: "rolebindings",
+        singular: "rolebinding",
+        kind: "RoleBinding",
+        create_on_update: true,
+        zero_fields: r#"{"roleRef":{"apiGroup":"","kind":"","name":""}}"#,
+        ..BASE
+    },
+    ResourceDef {
+        group: "rbac.authorization.k8s.io",
+        name: "roles",
+        singular: "role",
+        kind: "Role",
+        create_on_update: true,
+        zero_fields: r#"{"rules":null}"#,
+        ..BASE
+    },
     ResourceDef {
         group: "storage.k8s.io",
         name: "csidrivers",

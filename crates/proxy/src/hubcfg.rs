@@ -1,0 +1,273 @@
+//! The `yurt-hub-cfg` ConfigMap (in `--namespace`), watched live.
+//!
+//! Its keys configure the hub while it runs: `cache_agents` adds components to the edge cache
+//! (`*` = all), and a key named after a filter adds components to that filter. A change applies
+//! without a restart and is logged. The hub fetches it with its own identity and user agent
+//! (`outpost`), keeps the last version in the cache (edge mode) and starts from that copy when
+//! the cloud is unreachable, so a node that boots offline keeps its configuration.
+//!
+//! Unlike yurthub, the ConfigMap is found by its name alone; yurthub's informer also requires the
+//! label `openyurt.io/configmap-name=yurt-hub-cfg` and silently ignores a ConfigMap without it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use outpost_cache::Store;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::body;
+use crate::error::ProxyError;
+use crate::upstream::{Identity, Upstream};
+
+pub const NAME: &str = "yurt-hub-cfg";
+/// The document the last seen ConfigMap is kept under in the cache.
+const DOCUMENT: &str = "config/yurt-hub-cfg";
+const USER_AGENT: &str = "outpost";
+const WATCH_TIMEOUT_SECONDS: u64 = 300;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The ConfigMap's data; empty when it does not exist.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HubCfg {
+    pub data: BTreeMap<String, String>,
+}
+
+impl HubCfg {
+    pub fn get(&self, key: &str) -> &str {
+        self.data.get(key).map_or("", String::as_str)
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfigMap {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    data: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Meta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+}
+
+#[derive(Deserialize)]
+struct WatchEvent {
+    #[serde(rename = "type")]
+    event_type: String,
+    object: serde_json::Value,
+}
+
+/// Keeps `yurt-hub-cfg` in sync and publishes each change.
+pub struct ConfigWatch {
+    namespace: String,
+    upstream: Arc<Upstream>,
+    store: Option<Arc<dyn Store>>,
+    tx: watch::Sender<Arc<HubCfg>>,
+}
+
+impl ConfigWatch {
+    pub fn new(
+        namespace: &str,
+        upstream: Arc<Upstream>,
+        store: Option<Arc<dyn Store>>,
+    ) -> ConfigWatch {
+        ConfigWatch {
+            namespace: namespace.to_owned(),
+            upstream,
+            store,
+            tx: watch::Sender::new(Arc::new(HubCfg::default())),
+        }
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<HubCfg>> {
+        self.tx.subscribe()
+    }
+
+    /// Runs until `shutdown`: the cached copy first, then get + watch, again after any failure.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        if let Some(cached) = self.load_cached().await {
+            self.publish(cached, "edge cache");
+        }
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let round = tokio::select! {
+                r = self.sync() => r,
+                _ = shutdown.changed() => return,
+            };
+            match round {
+                Ok(()) => backoff = Duration::from_secs(1),
+                Err(e) => {
+                    debug!(error = %e, "yurt-hub-cfg sync failed; retrying");
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// One GET, then one watch from its resourceVersion until the stream ends.
+    async fn sync(&self) -> Result<(), ProxyError> {
+        let path = format!("/api/v1/namespaces/{}/configmaps/{NAME}", self.namespace);
+        let resp = self.send(&path).await?;
+        let rv = match resp.status() {
+            StatusCode::OK => {
+                let bytes = collect(resp.into_body()).await?;
+                let cm = parse(&bytes)?;
+                self.save(bytes).await;
+                let rv = cm.metadata.resource_version.clone();
+                self.publish(HubCfg { data: cm.data }, "cloud");
+                rv
+            }
+            StatusCode::NOT_FOUND => {
+                self.publish(HubCfg::default(), "cloud (no ConfigMap)");
+                String::new()
+            }
+            other => return Err(bad_reply(format!("GET {path} answered {other}"))),
+        };
+        let watch_path = format!(
+            "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{NAME}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={rv}",
+            self.namespace
+        );
+        let resp = self.send(&watch_path).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(bad_reply(format!("watch answered {}", resp.status())));
+        }
+        let mut body = resp.into_body();
+        let mut buf = BytesMut::new();
+        while let Some(line) = next_line(&mut body, &mut buf).await? {
+            let event: WatchEvent = serde_json::from_slice(&line)
+                .map_err(|e| bad_reply(format!("watch event: {e}")))?;
+            match event.event_type.as_str() {
+                "ADDED" | "MODIFIED" => {
+                    let bytes = Bytes::from(event.object.to_string());
+                    let cm = parse(&bytes)?;
+                    self.save(bytes).await;
+                    self.publish(HubCfg { data: cm.data }, "cloud");
+                }
+                "DELETED" => self.publish(HubCfg::default(), "cloud (ConfigMap deleted)"),
+                "ERROR" => return Ok(()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn send(
+        &self,
+        path: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(http::header::USER_AGENT, USER_AGENT)
+            .header(http::header::ACCEPT, "application/json")
+            .body(body::empty())
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
+        self.upstream
+            .send(server, Identity::Node, req, deadline)
+            .await
+    }
+
+    fn publish(&self, cfg: HubCfg, source: &str) {
+        self.tx.send_if_modified(|current| {
+            if **current == cfg {
+                return false;
+            }
+            info!(source, keys = ?cfg.data.keys().collect::<Vec<_>>(), "yurt-hub-cfg applied");
+            *current = Arc::new(cfg);
+            true
+        });
+    }
+
+    async fn load_cached(&self) -> Option<HubCfg> {
+        let store = self.store.clone()?;
+        let doc = tokio::task::spawn_blocking(move || store.get_document(DOCUMENT))
+            .await
+            .ok()?
+            .ok()??;
+        parse(&doc).ok().map(|cm| HubCfg { data: cm.data })
+    }
+
+    async fn save(&self, bytes: Bytes) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let saved = tokio::task::spawn_blocking(move || store.put_document(DOCUMENT, &bytes)).await;
+        if let Ok(Err(e)) = saved {
+            warn!(error = %e, "cannot keep yurt-hub-cfg in the edge cache");
+        }
+    }
+}
+
+fn parse(bytes: &[u8]) -> Result<ConfigMap, ProxyError> {
+    serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("yurt-hub-cfg: {e}")))
+}
+
+fn bad_reply(cause: String) -> ProxyError {
+    ProxyError::BadReply {
+        server: "config watch".into(),
+        cause,
+    }
+}
+
+async fn collect(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
+    body.collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| bad_reply(e.to_string()))
+}
+
+/// The next newline-terminated line of a streamed body; `None` at its end.
+async fn next_line(
+    body: &mut hyper::body::Incoming,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, ProxyError> {
+    loop {
+        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line = buf.split_to(end + 1).freeze();
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            return Ok(Some(line));
+        }
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(bad_reply(e.to_string())),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    buf.extend_from_slice(data);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_maps_parse_with_and_without_data() {
+        let cm = parse(br#"{"metadata":{"resourceVersion":"7"},"data":{"cache_agents":"kubectl"}}"#)
+            .unwrap();
+        assert_eq!(cm.metadata.resource_version, "7");
+        let cfg = HubCfg { data: cm.data };
+        assert_eq!(cfg.get("cache_agents"), "kubectl");
+        assert_eq!(cfg.get("servicetopology"), "");
+        assert!(parse(br#"{"metadata":{}}"#).unwrap().data.is_empty());
+        assert!(parse(b"not json").is_err());
+    }
+}
