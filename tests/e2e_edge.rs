@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use support::{Cluster, HubProcess, NODE, eventually, get, raw_http};
 
@@ -215,10 +215,7 @@ fn kube_client(hub: &HubProcess) -> kube::Client {
 }
 
 fn node_pods(hub: &HubProcess) -> (Api<Pod>, String) {
-    (
-        Api::all(kube_client(hub)),
-        format!("spec.nodeName={NODE}"),
-    )
+    (Api::all(kube_client(hub)), format!("spec.nodeName={NODE}"))
 }
 
 /// The next event of a watch stream, bounded in time.
@@ -247,7 +244,10 @@ fn event_name(event: &WatchEvent<Pod>) -> (String, String) {
 async fn offline_watch_is_a_real_stream() {
     let cluster = Cluster::start().await;
     for name in ["a", "b"] {
-        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
     }
     let hub = cluster.start_hub();
     let (pods, fields) = node_pods(&hub);
@@ -263,23 +263,40 @@ async fn offline_watch_is_a_real_stream() {
     let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
     changed["metadata"]["labels"]["app"] = json!("changed");
     cluster.fake.update("v1/pods", changed).unwrap();
-    assert_eq!(event_name(&next_event(&mut online).await), ("MODIFIED".into(), "a".into()));
+    assert_eq!(
+        event_name(&next_event(&mut online).await),
+        ("MODIFIED".into(), "a".into())
+    );
 
     cluster.fake.refuse_connections();
     cluster.fake.cut_watches();
     drop(online);
-    until_cached(&hub, &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}")).await;
+    until_cached(
+        &hub,
+        &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
+    )
+    .await;
 
     // Offline, from the list's version: the cached change is replayed, then bookmarks follow.
-    let mut replay = pods.watch(&wp, &list_rv).await.expect("offline watch").boxed();
+    let mut replay = pods
+        .watch(&wp, &list_rv)
+        .await
+        .expect("offline watch")
+        .boxed();
     let first = next_event(&mut replay).await;
     assert_eq!(event_name(&first), ("MODIFIED".into(), "a".into()));
-    let WatchEvent::Modified(a) = first else { unreachable!() };
+    let WatchEvent::Modified(a) = first else {
+        unreachable!()
+    };
     assert_eq!(a.labels()["app"], "changed");
     assert_eq!(event_name(&next_event(&mut replay).await).0, "BOOKMARK");
 
     // Offline, from "0": the current state as ADDED events.
-    let mut fresh = pods.watch(&wp, "0").await.expect("offline watch from 0").boxed();
+    let mut fresh = pods
+        .watch(&wp, "0")
+        .await
+        .expect("offline watch from 0")
+        .boxed();
     let mut added = vec![
         event_name(&next_event(&mut fresh).await),
         event_name(&next_event(&mut fresh).await),
@@ -291,20 +308,32 @@ async fn offline_watch_is_a_real_stream() {
     );
 
     // A version older than the cache can replay: 410 Expired, as the apiserver answers.
-    let mut old = pods.watch(&wp, "1").await.expect("offline watch from 1").boxed();
-    assert_eq!(event_name(&next_event(&mut old).await), ("ERROR".into(), "410".into()));
+    let mut old = pods
+        .watch(&wp, "1")
+        .await
+        .expect("offline watch from 1")
+        .boxed();
+    assert_eq!(
+        event_name(&next_event(&mut old).await),
+        ("ERROR".into(), "410".into())
+    );
 
     // The cloud returns: open offline watches end, so clients go back to the cloud.
     cluster.fake.restore().await;
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(event) = replay.next().await {
-            if let Ok(WatchEvent::Modified(_) | WatchEvent::Added(_) | WatchEvent::Deleted(_)) = event {
+            if let Ok(WatchEvent::Modified(_) | WatchEvent::Added(_) | WatchEvent::Deleted(_)) =
+                event
+            {
                 panic!("no object events expected after the replay");
             }
         }
     })
     .await;
-    assert!(ended.is_ok(), "the offline watch must end when the cloud is back");
+    assert!(
+        ended.is_ok(),
+        "the offline watch must end when the cloud is back"
+    );
 }
 
 /// (name, resourceVersion) of this node's pods, as upstream has them.
@@ -317,7 +346,10 @@ fn upstream_pods(cluster: &Cluster) -> Vec<(String, String)> {
         .map(|p| {
             (
                 p["metadata"]["name"].as_str().unwrap().to_owned(),
-                p["metadata"]["resourceVersion"].as_str().unwrap().to_owned(),
+                p["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
             )
         })
         .collect();
@@ -334,7 +366,10 @@ fn listed(list: &Value) -> Vec<(String, String)> {
         .map(|p| {
             (
                 p["metadata"]["name"].as_str().unwrap().to_owned(),
-                p["metadata"]["resourceVersion"].as_str().unwrap().to_owned(),
+                p["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
             )
         })
         .collect();
@@ -344,8 +379,14 @@ fn listed(list: &Value) -> Vec<(String, String)> {
 
 /// Changes upstream while the hub is cut off: one pod added, one modified, one deleted.
 fn change_upstream(cluster: &Cluster, added: &str, modified: &str, deleted: &str) {
-    cluster.fake.create("v1/pods", pod(added, NODE, "web")).unwrap();
-    let mut m = cluster.fake.get("v1/pods", Some("default"), modified).unwrap();
+    cluster
+        .fake
+        .create("v1/pods", pod(added, NODE, "web"))
+        .unwrap();
+    let mut m = cluster
+        .fake
+        .get("v1/pods", Some("default"), modified)
+        .unwrap();
     m["metadata"]["labels"]["app"] = json!("modified-offline");
     cluster.fake.update("v1/pods", m).unwrap();
     cluster
@@ -359,7 +400,10 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     use kube::runtime::{WatchStreamExt, reflector, watcher};
     let cluster = Cluster::start().await;
     for name in ["a", "b", "c"] {
-        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
     }
     let hub = cluster.start_hub();
     let (pods, fields) = node_pods(&hub);
@@ -388,7 +432,11 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     until_cached(&hub, &scope).await;
     change_upstream(&cluster, "d", "a", "b");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(reflected(), ["a", "b", "c"], "offline, the node keeps its last view");
+    assert_eq!(
+        reflected(),
+        ["a", "b", "c"],
+        "offline, the node keeps its last view"
+    );
 
     // Reconnect: the offline watch ends, the watcher resumes against the cloud.
     cluster.fake.restore().await;
@@ -415,7 +463,11 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(reflected(), ["a", "c", "d"], "the watcher keeps the converged view");
+    assert_eq!(
+        reflected(),
+        ["a", "c", "d"],
+        "the watcher keeps the converged view"
+    );
     watcher_task.abort();
 }
 
@@ -423,7 +475,10 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
 async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     let cluster = Cluster::start().await;
     for name in ["a", "b"] {
-        cluster.fake.create("v1/pods", pod(name, NODE, "web")).unwrap();
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
     }
     let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     let node_path = format!("/api/v1/nodes/{NODE}");
@@ -446,4 +501,43 @@ async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     assert_eq!(node.json()["metadata"]["name"], NODE);
     let ready = get(hub.admin, "/v1/readyz", "test").await;
     assert_eq!(ready.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_degrades_the_cache_but_not_the_proxy() {
+    let cluster = Cluster::start().await;
+    cluster
+        .fake
+        .create("v1/pods", pod("a", NODE, "web"))
+        .unwrap();
+    // The cache's sled log lives on /dev/full: every write fails with ENOSPC.
+    let cache = cluster.dir.path().join("cache");
+    std::fs::create_dir_all(cache.join("db-0")).unwrap();
+    std::fs::write(cache.join("CURRENT"), "db-0").unwrap();
+    std::os::unix::fs::symlink("/dev/full", cache.join("db-0").join("db")).unwrap();
+    let hub = cluster.start_hub();
+
+    let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    for _ in 0..3 {
+        let list = kubelet_get(&hub, &scope).await;
+        assert_eq!(list.status, 200, "online proxying continues");
+        assert_eq!(names(&list.json()), ["a"]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = get(hub.admin, "/v1/readyz", "test").await;
+        let text = String::from_utf8_lossy(&ready.body).into_owned();
+        let metrics = get(hub.admin, "/metrics", "test").await;
+        let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+        if text.contains("[+]cache degraded") && metrics.contains("outpost_cache_degraded 1") {
+            assert_eq!(ready.status, 200, "degraded is not unready: {text}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never degraded:\n{text}\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!hub.log_text().contains("panicked"), "{}", hub.log_text());
 }

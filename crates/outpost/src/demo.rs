@@ -1,20 +1,27 @@
 //! `outpost demo`: the product on one screen, with nothing to install.
 //!
 //! It starts the bundled fake apiserver (HTTPS, client certificates, the 1.32 node authorizer), puts
-//! the hub in front of it on loopback exactly as on a node, and drives a kubelet-like kube-rs client
-//! through the hub, printing each step. It exits 0 when every step behaved as expected.
+//! the hub in front of it on loopback in edge mode exactly as on a node (sled cache in a temporary
+//! directory), and drives a kubelet-like kube-rs client through it: list and watch, then the link
+//! is cut and the client keeps its pods, the cloud changes while the node is offline, the link
+//! returns and the client converges. It prints each step and exits 0 when every step behaved as
+//! expected.
 
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use futures_util::{StreamExt, TryStreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use outpost_cache::{SledOptions, SledStore};
 use outpost_certs::UpstreamTls;
-use outpost_proxy::{Hub, HubConfig, LbMode, Server, UpstreamConfig};
+use outpost_proxy::edge::CacheAgents;
+use outpost_proxy::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_testkit::{FakeApiServer, FakeConfig};
 use serde_json::json;
 
@@ -22,7 +29,8 @@ const NODE: &str = "edge-1";
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/outpost-demo";
 
 pub fn main() -> ExitCode {
-    crate::run::init_tracing_with("warn");
+    // The steps say what happens; set RUST_LOG to see the hub's own log lines as well.
+    crate::run::init_tracing_with("off");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -65,7 +73,10 @@ async fn run() -> Result<()> {
         files.client_pem.display()
     );
 
-    step("starting the hub on loopback, borrowing the node's client certificate");
+    step("starting the hub in edge mode on loopback, with its sled cache on disk");
+    let cache_dir = dir.path().join("cache");
+    let store = SledStore::open(&cache_dir, SledOptions::default()).context("edge cache")?;
+    println!("    cache: {}", cache_dir.display());
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt)?;
     let hub = Hub::start(HubConfig {
         proxy_addr: "127.0.0.1:0".parse()?,
@@ -77,8 +88,12 @@ async fn run() -> Result<()> {
             request_timeout: Duration::from_secs(30),
             tls,
         },
-        edge: None,
-            namespace: "kube-system".into(),
+        edge: Some(EdgeConfig {
+            store: Arc::new(store),
+            agents: CacheAgents::default(),
+            volatile: None,
+        }),
+        namespace: "kube-system".into(),
     })
     .await?;
     println!(
@@ -101,6 +116,8 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
         http::HeaderValue::from_static(KUBELET_UA),
     ));
     let client = kube::Client::try_from(config)?;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let fields = format!("spec.nodeName={NODE}");
 
     step("the cloud schedules two pods onto this node");
     for name in ["web-0", "web-1"] {
@@ -109,80 +126,146 @@ async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {
         println!("    created pod default/{name} (spec.nodeName={NODE})");
     }
 
-    step("kubelet lists its pods through the hub (fieldSelector=spec.nodeName)");
-    let pods: Api<Pod> = Api::all(client.clone());
-    let scoped = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
-    let list = pods.list(&scoped).await?;
-    for p in &list.items {
-        println!("    pod {}", p.metadata.name.as_deref().unwrap_or("?"));
-    }
-    ensure!(
-        list.items.len() == 2,
-        "expected 2 pods, got {}",
-        list.items.len()
-    );
+    step("kubelet lists and watches its pods through the hub (fieldSelector=spec.nodeName)");
+    let (view, writer) = reflector::store::<Pod>();
+    let stream = reflector::reflector(
+        writer,
+        watcher(pods.clone(), watcher::Config::default().fields(&fields)),
+    )
+    .default_backoff()
+    .applied_objects();
+    let watch_task = tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    let result = offline_and_back(fake, &pods, &fields, &view).await;
+    watch_task.abort();
+    result
+}
 
-    step(
-        "an unscoped pod list is refused by the node authorizer, and the 403 Status comes through",
-    );
+async fn offline_and_back(
+    fake: &FakeApiServer,
+    pods: &Api<Pod>,
+    fields: &str,
+    view: &Store<Pod>,
+) -> Result<()> {
+    wait_for_view(view, &["web-0", "web-1"]).await?;
+    println!("    kubelet sees: {}", names(view).join(", "));
+
+    step("an unscoped pod list is refused by the node authorizer; the 403 Status comes through");
     match pods.list(&ListParams::default()).await {
         Err(kube::Error::Api(s)) => println!("    {} {}: {}", s.code, s.reason, s.message),
         other => bail!("expected a 403, got {other:?}"),
     }
 
-    step("kubelet watches its pods through the hub; the cloud adds one");
-    let wp = WatchParams::default()
-        .fields(&format!("spec.nodeName={NODE}"))
-        .timeout(15);
-    let mut stream = pods
-        .watch(&wp, &list.metadata.resource_version.unwrap_or_default())
-        .await?
-        .boxed();
+    step("the link to the cloud is cut (connections refused, open watches dropped)");
+    fake.refuse_connections();
+    fake.cut_watches();
+    let list = list_until_offline(pods, fields).await?;
+    println!(
+        "    kubelet lists again: {} (served from the edge cache, resourceVersion {})",
+        list.items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+            .join(", "),
+        list.metadata.resource_version.unwrap_or_default()
+    );
+    step(
+        "while the node is offline, the cloud changes: web-2 added, web-0 relabelled, web-1 deleted",
+    );
     fake.create("v1/pods", demo_pod("web-2"))
         .map_err(|s| anyhow::anyhow!("create web-2: {}", s.message))?;
-    let event = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
-        .await
-        .context("no watch event within 10s")??;
-    match event {
-        Some(WatchEvent::Added(p)) => println!(
-            "    watch event: ADDED pod {}",
-            p.metadata.name.unwrap_or_default()
-        ),
-        other => bail!("unexpected watch event {other:?}"),
-    }
-
-    step("kubelet reports node status and renews its lease through the hub");
-    let nodes: Api<Node> = Api::all(client.clone());
-    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-        "reason": "KubeletReady", "message": "kubelet is posting ready status"}]}});
-    nodes
-        .patch_status(NODE, &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    println!("    PATCH nodes/{NODE}/status: Ready=True");
-    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
-    let mut lease = leases.get(NODE).await?;
-    lease.spec.get_or_insert_with(Default::default).renew_time =
-        Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-    let renewed = leases.replace(NODE, &PostParams::default(), &lease).await?;
+    let mut web0 = fake
+        .get("v1/pods", Some("default"), "web-0")
+        .context("web-0 upstream")?;
+    web0["metadata"]["labels"]["version"] = json!("v2");
+    fake.update("v1/pods", web0)
+        .map_err(|s| anyhow::anyhow!("update web-0: {}", s.message))?;
+    fake.delete("v1/pods", Some("default"), "web-1")
+        .map_err(|s| anyhow::anyhow!("delete web-1: {}", s.message))?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
-        "    PUT lease kube-node-lease/{NODE}: resourceVersion {} -> {}",
-        lease.metadata.resource_version.unwrap_or_default(),
-        renewed.metadata.resource_version.unwrap_or_default()
+        "    kubelet still sees: {} (its pods keep running)",
+        names(view).join(", ")
     );
 
-    step("what the apiserver saw: every request authenticated as the node");
-    let log = fake.requests();
-    let api: Vec<_> = log.iter().filter(|r| r.path.starts_with("/api")).collect();
-    for r in &api {
-        println!(
-            "    {:<6} {:<55} {} as {}",
-            r.method, r.path, r.status, r.user
-        );
-    }
+    step("the link returns: offline watches end, kubelet resumes against the cloud");
+    let back = Instant::now();
+    fake.restore().await;
+    wait_for_view(view, &["web-0", "web-2"]).await?;
+    let web0 = view
+        .state()
+        .into_iter()
+        .find(|p| p.name_any() == "web-0")
+        .context("web-0 in view")?;
     ensure!(
-        api.iter().all(|r| r.user == format!("system:node:{NODE}")),
-        "a request reached the apiserver without the node identity"
+        web0.labels().get("version").map(String::as_str) == Some("v2"),
+        "web-0 should carry the change made while offline"
     );
+    println!(
+        "    kubelet sees: {} (web-0 version={}) after {} ms",
+        names(view).join(", "),
+        web0.labels()["version"],
+        back.elapsed().as_millis()
+    );
+
+    step("a second outage serves the converged state, nothing stale, nothing resurrected");
+    fake.refuse_connections();
+    fake.cut_watches();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let list = list_until_offline(pods, fields).await?;
+        let mut listed: Vec<String> = list.items.iter().map(|p| p.name_any()).collect();
+        listed.sort();
+        if listed == ["web-0", "web-2"] {
+            println!(
+                "    kubelet lists: {} (from the edge cache)",
+                listed.join(", ")
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the cache did not converge: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fake.restore().await;
+    Ok(())
+}
+
+/// Lists until the hub has noticed the outage and answers from its cache (bounded).
+async fn list_until_offline(pods: &Api<Pod>, fields: &str) -> Result<kube::api::ObjectList<Pod>> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match pods.list(&ListParams::default().fields(fields)).await {
+            Ok(list) => return Ok(list),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!(error = %e, "list while going offline");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e).context("offline list"),
+        }
+    }
+}
+
+fn names(view: &Store<Pod>) -> Vec<String> {
+    let mut names: Vec<String> = view.state().iter().map(|p| p.name_any()).collect();
+    names.sort();
+    names
+}
+
+async fn wait_for_view(view: &Store<Pod>, expected: &[&str]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while names(view) != expected {
+        ensure!(
+            Instant::now() < deadline,
+            "kubelet's view is {:?}, expected {expected:?}",
+            names(view)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 

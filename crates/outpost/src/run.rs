@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use outpost_cache::{SledOptions, SledStore};
+use outpost_cache::{MemStore, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
 use outpost_proxy::edge::CacheAgents;
 use outpost_proxy::{EdgeConfig, Hub, HubConfig, UpstreamConfig};
@@ -67,22 +67,31 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
     Ok((config, v))
 }
 
-/// Opens the sled cache; another process holding it (a second hub) is a start-up error.
+/// Opens the sled cache. Another process holding it (a second hub) is a start-up error; a cache
+/// that cannot be opened for any other reason (disk full, I/O errors) must not stop the node's
+/// traffic, so the hub runs with an in-memory cache and reports it degraded.
 fn open_cache(path: &Path) -> Result<EdgeConfig, StartupError> {
-    let store = SledStore::open(path, SledOptions::default()).map_err(|e| {
-        if e.is_locked() {
-            StartupError(format!(
+    let (store, volatile): (Arc<dyn Store>, _) = match SledStore::open(path, SledOptions::default())
+    {
+        Ok(store) => {
+            info!(path = %path.display(), "edge cache opened");
+            (Arc::new(store), None)
+        }
+        Err(e) if e.is_locked() => {
+            return Err(StartupError(format!(
                 "--disk-cache-path: the cache at {} is in use by another process (is another outpost running?)",
                 path.display()
-            ))
-        } else {
-            StartupError(format!("--disk-cache-path: cannot open the cache at {}: {e}", path.display()))
+            )));
         }
-    })?;
-    info!(path = %path.display(), "edge cache opened");
+        Err(e) => {
+            error!(path = %path.display(), error = %e, "cannot open the edge cache; caching in memory only");
+            (Arc::new(MemStore::new()), Some(e.to_string()))
+        }
+    };
     Ok(EdgeConfig {
-        store: Arc::new(store),
+        store,
         agents: CacheAgents::default(),
+        volatile,
     })
 }
 

@@ -46,6 +46,8 @@ pub struct Readiness {
     pub identity: IdentityInfo,
     /// Edge mode only.
     pub cache: Option<Arc<dyn outpost_cache::Store>>,
+    /// Why the disk cache is an in-memory stand-in, if it is.
+    pub cache_volatile: Option<String>,
     /// Edge mode only.
     pub cloud: Option<Arc<Cloud>>,
 }
@@ -53,7 +55,11 @@ pub struct Readiness {
 impl Readiness {
     pub fn checks(&self, now: SystemTime) -> Vec<CheckResult> {
         let mut checks = vec![self.certificate_check(now)];
-        checks.extend(self.cache.as_deref().map(cache_check));
+        checks.extend(
+            self.cache
+                .as_deref()
+                .map(|c| cache_check(c, self.cache_volatile.as_deref())),
+        );
         checks.extend(self.cloud.as_deref().map(cloud_check));
         checks
     }
@@ -78,7 +84,7 @@ impl Readiness {
     }
 }
 
-fn cache_check(store: &dyn outpost_cache::Store) -> CheckResult {
+fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> CheckResult {
     let health = store.health();
     if let Some(busy) = health.busy_for.filter(|b| *b > CACHE_STUCK_AFTER) {
         let detail = format!("a cache write has been running for {busy:?}; restart the hub");
@@ -89,7 +95,10 @@ fn cache_check(store: &dyn outpost_cache::Store) -> CheckResult {
         true,
         format!("open; {} entries quarantined", health.quarantined),
     );
-    if health.degraded {
+    if let Some(why) = volatile {
+        check.degraded = true;
+        check.detail = format!("in memory only, nothing survives a restart ({why})");
+    } else if health.degraded {
         check.degraded = true;
         check.detail = format!(
             "cannot persist writes ({}); proxying continues",
@@ -194,6 +203,7 @@ mod tests {
         let r = Readiness {
             identity: identity(Duration::from_secs(3600)),
             cache: None,
+            cache_volatile: None,
             cloud: None,
         };
         assert!(r.checks(SystemTime::now())[0].ok);

@@ -163,10 +163,7 @@ impl ConfigWatch {
         Ok(())
     }
 
-    async fn send(
-        &self,
-        path: &str,
-    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+    async fn send(&self, path: &str) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
         let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
         let req = Request::builder()
             .method(Method::GET)
@@ -261,8 +258,9 @@ mod tests {
 
     #[test]
     fn config_maps_parse_with_and_without_data() {
-        let cm = parse(br#"{"metadata":{"resourceVersion":"7"},"data":{"cache_agents":"kubectl"}}"#)
-            .unwrap();
+        let cm =
+            parse(br#"{"metadata":{"resourceVersion":"7"},"data":{"cache_agents":"kubectl"}}"#)
+                .unwrap();
         assert_eq!(cm.metadata.resource_version, "7");
         let cfg = HubCfg { data: cm.data };
         assert_eq!(cfg.get("cache_agents"), "kubectl");

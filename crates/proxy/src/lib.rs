@@ -57,6 +57,9 @@ pub struct HubConfig {
 pub struct EdgeConfig {
     pub store: Arc<dyn outpost_cache::Store>,
     pub agents: edge::CacheAgents,
+    /// Why the disk cache could not be opened, when `store` is an in-memory stand-in: the hub
+    /// still proxies and caches for its own lifetime, and readiness says the cache is degraded.
+    pub volatile: Option<String>,
 }
 
 impl std::fmt::Debug for EdgeConfig {
@@ -103,10 +106,16 @@ impl Hub {
             .with_label_values(&[identity.user.as_str()])
             .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
         let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
+        let volatile = config.edge.as_ref().and_then(|c| c.volatile.clone());
         let edge = match config.edge {
             Some(c) => Some(
-                edge::Edge::new(c.store, edge::CachePolicy::new(c.agents), metrics.clone())
-                    .map_err(StartError::Writer)?,
+                edge::Edge::new(
+                    c.store,
+                    edge::CachePolicy::new(c.agents),
+                    metrics.clone(),
+                    c.volatile.is_some(),
+                )
+                .map_err(StartError::Writer)?,
             ),
             None => None,
         };
@@ -114,6 +123,7 @@ impl Hub {
         let readiness = admin::Readiness {
             identity,
             cache: edge.as_ref().map(|e| e.store().clone()),
+            cache_volatile: volatile,
             cloud: edge.as_ref().map(|e| e.cloud().clone()),
         };
         let pipeline = Arc::new(pipeline::Pipeline {

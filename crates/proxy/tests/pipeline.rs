@@ -144,7 +144,7 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
             tls,
         },
         edge: None,
-            namespace: "kube-system".into(),
+        namespace: "kube-system".into(),
     })
     .await
     .unwrap();

@@ -48,13 +48,14 @@ pub struct Edge {
 }
 
 impl Edge {
-    /// Starts the writer thread over `store`.
+    /// Starts the writer thread over `store` (`volatile`: see [`Writer::start`]).
     pub fn new(
         store: Arc<dyn Store>,
         policy: CachePolicy,
         metrics: Metrics,
+        volatile: bool,
     ) -> std::io::Result<Edge> {
-        let writer = Writer::start(store.clone(), metrics.clone())?;
+        let writer = Writer::start(store.clone(), metrics.clone(), volatile)?;
         Ok(Edge {
             cloud: Cloud::new(metrics.clone()),
             store,

@@ -178,7 +178,7 @@ mod tests {
     #[tokio::test]
     async fn a_list_split_over_frames_reaches_client_and_cache_whole() {
         let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new()).unwrap();
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
         let (a, b) = LIST.split_at(40);
         let body = chunks(vec![Ok(a), Ok(b)]);
         let tee = TeeBody::new(body, Sink::List(scope()), writer);
@@ -191,7 +191,7 @@ mod tests {
     #[tokio::test]
     async fn a_sized_body_is_cached_without_a_final_poll() {
         let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new()).unwrap();
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
         let mut tee = TeeBody::new(crate::body::full(LIST), Sink::List(scope()), writer);
         while !tee.is_end_stream() {
             let frame = std::future::poll_fn(|cx| Pin::new(&mut tee).poll_frame(cx)).await;
@@ -203,7 +203,7 @@ mod tests {
     #[tokio::test]
     async fn a_broken_body_is_passed_on_but_never_cached() {
         let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new()).unwrap();
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
         let (a, _) = LIST.split_at(40);
         let body = chunks(vec![Ok(a), Err("connection reset")]);
         let tee = TeeBody::new(body, Sink::List(scope()), writer.clone());
@@ -222,7 +222,7 @@ mod tests {
     #[tokio::test]
     async fn watch_events_are_applied_line_by_line() {
         let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new()).unwrap();
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
         assert!(writer.submit(CacheOp::List {
             scope: scope(),
             body: Bytes::from_static(LIST)

@@ -66,12 +66,19 @@ const QUEUE_DEPTH: usize = 4096;
 
 impl Writer {
     /// Starts the writer thread over `store`. The thread ends when every `Writer` is dropped.
-    pub fn start(store: Arc<dyn Store>, metrics: Metrics) -> std::io::Result<Writer> {
+    /// `volatile`: the store keeps nothing across a restart (the disk cache could not be
+    /// opened), so the cache counts as degraded whatever the store says.
+    pub fn start(
+        store: Arc<dyn Store>,
+        metrics: Metrics,
+        volatile: bool,
+    ) -> std::io::Result<Writer> {
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
         let thread_metrics = metrics.clone();
+        thread_metrics.cache_degraded.set(i64::from(volatile));
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
-            .spawn(move || run(store.as_ref(), &rx, &thread_metrics))?;
+            .spawn(move || run(store.as_ref(), &rx, &thread_metrics, volatile))?;
         Ok(Writer { tx, metrics })
     }
 
@@ -88,7 +95,7 @@ impl Writer {
     }
 }
 
-fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics) {
+fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics, volatile: bool) {
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
     for op in rx {
         let label = op.label();
@@ -109,7 +116,7 @@ fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics) {
             .inc();
         metrics
             .cache_degraded
-            .set(i64::from(store.health().degraded));
+            .set(i64::from(volatile || store.health().degraded));
     }
     if let Err(e) = store.flush() {
         warn!(error = %e, "final cache flush failed");
