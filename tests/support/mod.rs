@@ -40,6 +40,13 @@ impl Cluster {
             .await
             .expect("fake apiserver starts");
         fake.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
+        // As in a real cluster, the hub's own RBAC is installed next to the Node authorizer.
+        let rbac = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../manifests/cluster/rbac.yaml"
+        );
+        let objects = outpost_testkit::manifest::load_yaml(rbac).expect("hub RBAC manifest");
+        fake.apply_rbac(&objects).expect("hub RBAC applies");
         let dir = tempfile::tempdir().expect("tempdir");
         let node_files = fake
             .pki()

@@ -1,17 +1,19 @@
 //! Authorization: the Node authorizer (Kubernetes 1.32, `AuthorizeNodeWithSelectors`, KEP-4601)
-//! plus the NodeRestriction admission checks, an "everything" policy for other authenticated
-//! users, and `system:public-info-viewer` for anonymous callers.
+//! in union with RBAC (the `rbac` module), as `--authorization-mode=Node,RBAC`, plus the
+//! NodeRestriction admission checks, an "everything" policy for authenticated users that are not
+//! nodes, and `system:public-info-viewer` for anonymous callers.
 //!
 //! The node rules follow `plugin/pkg/auth/authorizer/node/node_authorizer.go` and the static
 //! `NodeRules()` of the bootstrap policy; relationships (which pods run on the node, which
 //! secrets / configmaps / PVCs / service accounts they reference) come from a [`NodeGraph`],
-//! so the rules are unit-testable without a store.
+//! and roles and bindings from an [`RbacPolicy`], so the rules are unit-testable without a store.
 
 use outpost_core::Status;
 use outpost_core::selector::FieldSelector;
 use serde_json::Value;
 
 use crate::authn::UserInfo;
+use crate::rbac::{self, RbacPolicy};
 
 /// What is being asked, as kube-apiserver's `authorizer.Attributes`.
 #[derive(Debug, Clone, Copy)]
@@ -66,18 +68,39 @@ fn is_discovery_path(path: &str) -> bool {
     prefixed("/api") || prefixed("/apis") || prefixed("/openapi")
 }
 
-/// The union of the cluster's authorizers for this fake.
-pub fn authorize(attrs: &Attributes<'_>, graph: &dyn NodeGraph) -> Decision {
+/// The union of the cluster's authorizers for this fake: allowed if any of them allows.
+pub fn authorize(
+    attrs: &Attributes<'_>,
+    graph: &dyn NodeGraph,
+    policy: &dyn RbacPolicy,
+) -> Decision {
     let public = !attrs.resource_request && PUBLIC_INFO.contains(&attrs.path);
     if public && attrs.verb == "get" {
         return Decision::Allow;
     }
-    if attrs.user.is_anonymous() {
-        return Decision::Deny(String::new());
+    let node = node_name(attrs.user);
+    if node.is_none() && !attrs.user.is_anonymous() {
+        return Decision::Allow;
     }
-    let Some(node) = node_name(attrs.user) else {
+    // Node first, then RBAC. Neither ever denies outright (both answer "no opinion"), so the
+    // union authorizer tries both and joins their non-empty reasons with newlines.
+    let node_reason = match node.map(|n| authorize_as_node(n, attrs, graph)) {
+        Some(Decision::Allow) => return Decision::Allow,
+        Some(Decision::Deny(reason)) => reason,
+        None => String::new(),
+    };
+    let Decision::Deny(rbac_reason) = rbac::authorize(attrs, policy) else {
         return Decision::Allow;
     };
+    let reasons: Vec<String> = [node_reason, rbac_reason]
+        .into_iter()
+        .filter(|r| !r.is_empty())
+        .collect();
+    Decision::Deny(reasons.join("\n"))
+}
+
+/// The Node authorizer's decision for one of its node identities.
+fn authorize_as_node(node: &str, attrs: &Attributes<'_>, graph: &dyn NodeGraph) -> Decision {
     if !attrs.resource_request {
         return allow_if(
             attrs.verb == "get" && is_discovery_path(attrs.path),
@@ -367,6 +390,9 @@ pub fn forbidden_for(attrs: &Attributes<'_>, message: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    use crate::rbac::tests::StaticPolicy;
 
     /// Pod `default/web` runs on edge-1 and uses configmap `cfg`, secret `sec`, SA `app`.
     struct Graph;
@@ -451,7 +477,7 @@ mod tests {
                 name: self.name,
                 field_selector: self.fields.as_ref(),
             };
-            authorize(&attrs, &Graph)
+            authorize(&attrs, &Graph, &StaticPolicy::default())
         }
         fn allowed_for_edge1(&self) -> bool {
             self.decide_for(&node_user("edge-1")) == Decision::Allow
@@ -635,6 +661,70 @@ mod tests {
     }
 
     #[test]
+    fn rbac_grants_in_union_with_the_node_authorizer() {
+        let nodes = json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]);
+        let policy = StaticPolicy::from_json(&[
+            json!({"kind": "ClusterRole", "metadata": {"name": "outpost"},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}]}),
+            json!({"kind": "ClusterRoleBinding", "metadata": {"name": "outpost"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "outpost"},
+                   "subjects": nodes}),
+        ]);
+        let node = node_user("edge-1");
+        let decide = |r: Req, user: &UserInfo, policy: &StaticPolicy| {
+            let attrs = Attributes {
+                user,
+                verb: r.verb,
+                resource_request: true,
+                path: "/",
+                api_group: r.group,
+                resource: r.resource,
+                subresource: r.sub,
+                namespace: r.ns,
+                name: r.name,
+                field_selector: r.fields.as_ref(),
+            };
+            authorize(&attrs, &Graph, policy)
+        };
+        let cfg = || req("get", "configmaps", "kube-system", "yurt-hub-cfg");
+        assert_eq!(
+            decide(cfg(), &node, &StaticPolicy::default()),
+            Decision::Deny("no relationship found between node 'edge-1' and this object".into())
+        );
+        assert_eq!(decide(cfg(), &node, &policy), Decision::Allow);
+        assert_eq!(
+            decide(req("list", "configmaps", "", ""), &node, &policy),
+            Decision::Allow
+        );
+        // What neither grants keeps the Node authorizer's reason.
+        assert_eq!(
+            decide(req("list", "pods", "", ""), &node, &policy),
+            Decision::Deny("can only list/watch pods with spec.nodeName field selector".into())
+        );
+        // Anonymous callers get RBAC too (through their user name or system:unauthenticated).
+        let anon = UserInfo::anonymous();
+        assert_eq!(decide(cfg(), &anon, &policy), Decision::Deny(String::new()));
+        let open = StaticPolicy::from_json(&[
+            json!({"kind": "ClusterRole", "metadata": {"name": "outpost"},
+                   "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]}),
+            json!({"kind": "ClusterRoleBinding", "metadata": {"name": "anon"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "outpost"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:unauthenticated"}]}),
+        ]);
+        assert_eq!(decide(cfg(), &anon, &open), Decision::Allow);
+        // Both authorizers' reasons, joined like the union authorizer does.
+        let dangling = StaticPolicy::from_json(&[json!({
+            "kind": "ClusterRoleBinding", "metadata": {"name": "outpost"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "outpost"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]
+        })]);
+        assert_eq!(
+            decide(req("list", "pods", "", ""), &node, &dangling),
+            Decision::Deny("can only list/watch pods with spec.nodeName field selector\nRBAC: clusterrole.rbac.authorization.k8s.io \"outpost\" not found".into())
+        );
+    }
+
+    #[test]
     fn non_resource_paths() {
         let anon = UserInfo::anonymous();
         let node = node_user("edge-1");
@@ -651,7 +741,7 @@ mod tests {
                 name: "",
                 field_selector: None,
             };
-            authorize(&attrs, &Graph) == Decision::Allow
+            authorize(&attrs, &Graph, &StaticPolicy::default()) == Decision::Allow
         };
         assert!(path_decision(&anon, "/version"));
         assert!(path_decision(&anon, "/healthz"));

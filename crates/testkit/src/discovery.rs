@@ -183,6 +183,7 @@ mod tests {
             "apps",
             "coordination.k8s.io",
             "discovery.k8s.io",
+            "rbac.authorization.k8s.io",
             "storage.k8s.io",
             "apps.openyurt.io",
         ] {

@@ -20,6 +20,7 @@ use crate::authz::{self, Attributes, Decision};
 use crate::graph::StoreGraph;
 use crate::patch::{self, PatchType};
 use crate::query::{self, ListOptions};
+use crate::rbac::StorePolicy;
 use crate::registry::{self, Origin, Part};
 use crate::reply::{ApiError, Body, json_response};
 use crate::resources::ResourceDef;
@@ -452,7 +453,8 @@ pub fn subject_access_review(shared: &Shared, body: &[u8]) -> Result<Response<Bo
         name: &name,
         field_selector: None,
     };
-    review["status"] = match authz::authorize(&attrs, &StoreGraph(&shared.store)) {
+    let (graph, policy) = (StoreGraph(&shared.store), StorePolicy(&shared.store));
+    review["status"] = match authz::authorize(&attrs, &graph, &policy) {
         Decision::Allow => json!({"allowed": true}),
         Decision::Deny(reason) => json!({"allowed": false, "reason": reason}),
     };

@@ -3,14 +3,15 @@
 //! No real kube-apiserver can run on the build machines, so every end-to-end test, bench and the
 //! demo talk to this one. Start at [`FakeApiServer::start`]; it serves HTTPS on an ephemeral
 //! loopback port, authenticates like kube-apiserver (client certs, bearer tokens, anonymous),
-//! authorizes nodes like the Node authorizer, and keeps an etcd-like store with a global
-//! resourceVersion, watch event log, paging and fault injection.
+//! authorizes nodes like the Node authorizer in union with RBAC, and keeps an etcd-like store with
+//! a global resourceVersion, watch event log, paging and fault injection.
 //!
 //! Request path, outermost first:
 //! - [`server`]: listener, TLS, per-connection hyper tasks, fault switches, the public handle.
 //! - `router`: classification (`RequestInfo`), authn/authz/admission, dispatch, request log.
 //! - `authn`: client certificate and bearer token authentication.
-//! - `authz`: Node authorizer + NodeRestriction, anonymous and admin policies.
+//! - `authz`: Node authorizer + NodeRestriction, anonymous and admin policies, union with RBAC.
+//! - `rbac`: the RBAC authorizer, over the ClusterRoles / Roles and bindings in the store.
 //! - `discovery`: `/version`, `/api`, `/apis`, resource lists.
 //! - `handlers`: get / list (resourceVersion, paging) / create / update / patch / delete.
 //! - `table`: server-side printing (`Table` responses for `kubectl get`).
@@ -26,6 +27,7 @@
 //! - `graph`: which objects a node reaches through its pods.
 //! - `seed`: the default cluster state (fixture pods plus an edge node).
 //! - [`pki`]: a throw-away CA, serving cert and identity-bearing client certs.
+//! - [`manifest`]: YAML manifests as JSON values (e.g. for [`FakeApiServer::apply_rbac`]).
 //! - `kubeconfig`, `reply`, `state`, `util`: helpers.
 
 mod authn;
@@ -34,10 +36,12 @@ mod discovery;
 mod graph;
 mod handlers;
 mod kubeconfig;
+pub mod manifest;
 mod patch;
 pub mod pki;
 mod proto;
 mod query;
+mod rbac;
 mod registry;
 mod reply;
 pub mod resources;

@@ -1,6 +1,6 @@
 //! One request, end to end: fault switches, classification (kube-apiserver's `RequestInfo`
-//! rules), authentication, injected failures, authorization, NodeRestriction admission,
-//! dispatch to discovery or a resource handler, and the request log.
+//! rules), authentication, injected failures, authorization (Node + RBAC), NodeRestriction
+//! admission, dispatch to discovery or a resource handler, and the request log.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use crate::discovery;
 use crate::graph::StoreGraph;
 use crate::handlers::{self, Target};
 use crate::query::ListOptions;
+use crate::rbac::StorePolicy;
 use crate::reply::{self, ApiError, Body, error_response, json_response, text_response};
 use crate::resources::{self, ResourceDef};
 use crate::state::{RequestRecord, Shared};
@@ -274,7 +275,8 @@ async fn authorize_and_dispatch(
         ..info.attributes(user)
     };
     let graph = StoreGraph(&shared.store);
-    if let Decision::Deny(reason) = authz::authorize(&attrs, &graph) {
+    let policy = StorePolicy(&shared.store);
+    if let Decision::Deny(reason) = authz::authorize(&attrs, &graph, &policy) {
         return Err(authz::forbidden(&attrs, &reason).into());
     }
     if !info.resource_request {

@@ -71,6 +71,8 @@ pub enum TestkitError {
     Tls(#[from] rustls::Error),
     #[error("certificates: {0}")]
     Pki(#[from] rcgen::Error),
+    #[error("manifest: {0}")]
+    Manifest(String),
     #[error("{0}")]
     Other(String),
 }
@@ -271,6 +273,24 @@ impl FakeApiServer {
         };
         let (_, items) = self.shared.store.list(def, &prefix);
         items.iter().map(|(_, o)| typed(def, o)).collect()
+    }
+
+    /// Creates or replaces RBAC objects (`ClusterRole`, `ClusterRoleBinding`, `Role`,
+    /// `RoleBinding`, picked by `kind`) as `kubectl apply` would; they take effect from the next
+    /// request, exactly like objects created over REST. Every object is checked (it must parse
+    /// as its k8s-openapi type, and bindings must reference a role of a valid kind) before any
+    /// is stored.
+    pub fn apply_rbac(&self, objects: &[Value]) -> Result<(), Status> {
+        let gvrs = objects
+            .iter()
+            .map(crate::rbac::checked_gvr)
+            .collect::<Result<Vec<_>, _>>()?;
+        for (gvr, obj) in gvrs.into_iter().zip(objects) {
+            // Without a resourceVersion, an update replaces unconditionally and creates what is
+            // missing (RBAC types allow create-on-update).
+            self.update(gvr, obj.clone())?;
+        }
+        Ok(())
     }
 
     /// The global (etcd-like) resourceVersion.
