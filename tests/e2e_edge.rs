@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
-use support::{Cluster, HubProcess, NODE, eventually, get, raw_http};
+use support::{
+    Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig, kubectl, raw_http,
+    stdout,
+};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 /// What kubelet really sends.
@@ -540,4 +543,87 @@ async fn a_full_disk_degrades_the_cache_but_not_the_proxy() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!hub.log_text().contains("panicked"), "{}", hub.log_text());
+}
+
+/// kubectl as a cache agent (added through `yurt-hub-cfg`, live): it works offline, discovery
+/// included, and sees the cloud's changes after the outage, with nothing resurrected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_works_offline_once_made_a_cache_agent() {
+    let cluster = Cluster::start().await;
+    for name in ["a", "b"] {
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
+    }
+    let hub = cluster.start_hub();
+    cluster
+        .fake
+        .create(
+            "v1/configmaps",
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "yurt-hub-cfg", "namespace": "kube-system"},
+                "data": {"cache_agents": "kubectl"}
+            }),
+        )
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || hub
+            .log_text()
+            .contains("cache agents changed"))
+        .await,
+        "the hub never applied yurt-hub-cfg:\n{}",
+        hub.log_text()
+    );
+    let kc = hub_kubeconfig(cluster.dir.path(), &hub);
+    let get_pods = |kc: &std::path::Path| {
+        let out = kubectl(
+            kc,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "--field-selector",
+                &format!("spec.nodeName={NODE}"),
+                "-o",
+                "name",
+            ],
+        );
+        let mut names: Vec<String> = assert_ok(&out, "kubectl get pods")
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(get_pods(&kc), ["pod/a", "pod/b"]);
+
+    cluster.fake.refuse_connections();
+    // A kubeconfig with a fresh kubectl cache dir: discovery must come from the hub's cache.
+    let offline_kc = cluster.dir.path().join("offline.kubeconfig");
+    std::fs::copy(&kc, &offline_kc).unwrap();
+    assert_eq!(get_pods(&offline_kc), ["pod/a", "pod/b"]);
+    let version = kubectl(&offline_kc, &["version", "-o", "json"]);
+    assert!(
+        stdout(&version).contains("serverVersion"),
+        "{}",
+        stdout(&version)
+    );
+
+    change_upstream(&cluster, "c", "b", "a");
+    cluster.fake.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while get_pods(&kc) != ["pod/b", "pod/c"] {
+        assert!(
+            Instant::now() < deadline,
+            "kubectl never saw the cloud's changes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The relist replaced the cached scope: offline again, `a` stays deleted and `c` is there.
+    cluster.fake.refuse_connections();
+    let second_offline = cluster.dir.path().join("offline2.kubeconfig");
+    std::fs::copy(&kc, &second_offline).unwrap();
+    assert_eq!(get_pods(&second_offline), ["pod/b", "pod/c"]);
 }

@@ -89,11 +89,11 @@ impl Edge {
         !self.cloud.is_online()
     }
 
-    /// Rewrites a cached request's headers so the response can be cached as received.
-    /// Server-side transformations (`as=Table`) are left alone: they go through uncached.
+    /// Rewrites a cached request's headers so the response can be cached as received. A client
+    /// that prefers a server-side Table (`kubectl get`) but accepts plain JSON gets plain JSON,
+    /// online and offline alike, and prints it itself; discovery keeps its own negotiation.
     pub fn prepare_upstream(&self, plan: &CachePlan, headers: &mut HeaderMap) {
-        if !matches!(plan, CachePlan::Discovery { .. }) && !negotiate::wants_transformation(headers)
-        {
+        if !matches!(plan, CachePlan::Discovery { .. }) {
             negotiate::ask_for_json(headers);
         }
     }

@@ -33,16 +33,6 @@ fn quality_is_zero(item: &str) -> bool {
         .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
 }
 
-/// Whether the client asks for a server-side transformation (`as=Table`,
-/// `as=PartialObjectMetadataList`) as its first choice: such responses are not objects.
-pub fn wants_transformation(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|a| a.split(',').next())
-        .is_some_and(|first| first.contains("as="))
-}
-
 /// Rewrites the upstream request so the response is uncompressed JSON (see the module doc).
 pub fn ask_for_json(headers: &mut HeaderMap) {
     headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
@@ -96,8 +86,6 @@ mod tests {
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
         );
         assert!(accepts_json(&kubectl));
-        assert!(wants_transformation(&kubectl));
-        assert!(!wants_transformation(&accept("application/json")));
     }
 
     #[test]
