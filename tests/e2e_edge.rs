@@ -12,8 +12,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use support::{
-    Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig, kubectl, raw_http,
-    stdout,
+    Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig, kube_client, kubectl,
+    raw_http, stdout,
 };
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
@@ -207,18 +207,11 @@ async fn wait_online(hub: &HubProcess) {
     }
 }
 
-fn kube_client(hub: &HubProcess) -> kube::Client {
-    let mut config = kube::Config::new(hub.proxy_url().parse().expect("hub url"));
-    // kube-rs sends no User-Agent by default; the hub keys its component on it.
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(KUBELET_UA),
-    ));
-    kube::Client::try_from(config).expect("kube client")
-}
-
 fn node_pods(hub: &HubProcess) -> (Api<Pod>, String) {
-    (Api::all(kube_client(hub)), format!("spec.nodeName={NODE}"))
+    (
+        Api::all(kube_client(hub, KUBELET_UA)),
+        format!("spec.nodeName={NODE}"),
+    )
 }
 
 /// The next event of a watch stream, bounded in time.
@@ -341,43 +334,23 @@ async fn offline_watch_is_a_real_stream() {
 
 /// (name, resourceVersion) of this node's pods, as upstream has them.
 fn upstream_pods(cluster: &Cluster) -> Vec<(String, String)> {
-    let mut pods: Vec<(String, String)> = cluster
-        .fake
-        .list("v1/pods", None)
-        .into_iter()
-        .filter(|p| p["spec"]["nodeName"] == NODE)
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap().to_owned(),
-                p["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned(),
-            )
-        })
-        .collect();
-    pods.sort();
-    pods
+    let pods = cluster.fake.list("v1/pods", None);
+    name_and_rv(pods.iter().filter(|p| p["spec"]["nodeName"] == NODE))
 }
 
 /// (name, resourceVersion) of a list body.
 fn listed(list: &Value) -> Vec<(String, String)> {
-    let mut pods: Vec<(String, String)> = list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap().to_owned(),
-                p["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned(),
-            )
-        })
+    name_and_rv(list["items"].as_array().unwrap())
+}
+
+fn name_and_rv<'a>(objects: impl IntoIterator<Item = &'a Value>) -> Vec<(String, String)> {
+    let field = |p: &Value, f: &str| p["metadata"][f].as_str().unwrap().to_owned();
+    let mut pairs: Vec<(String, String)> = objects
+        .into_iter()
+        .map(|p| (field(p, "name"), field(p, "resourceVersion")))
         .collect();
-    pods.sort();
-    pods
+    pairs.sort();
+    pairs
 }
 
 /// Changes upstream while the hub is cut off: one pod added, one modified, one deleted.

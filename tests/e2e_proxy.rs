@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 use support::{
-    ADMIN_TOKEN, Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig, kubectl,
-    raw_http,
+    ADMIN_TOKEN, Cluster, HubProcess, NODE, assert_ok, eventually, get, hub_kubeconfig,
+    kube_client, kubectl, raw_http,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -35,16 +35,6 @@ fn pod(name: &str, node: &str) -> serde_json::Value {
     })
 }
 
-fn kube_client(hub: &HubProcess) -> kube::Client {
-    let mut config = kube::Config::new(hub.proxy_url().parse().expect("hub url"));
-    // kube-rs sends no User-Agent by default; the hub keys its component on it.
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(KUBELET_UA),
-    ));
-    kube::Client::try_from(config).expect("kube client")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_rs_as_kubelet_through_the_hub() {
     let cluster = Cluster::start().await;
@@ -54,7 +44,7 @@ async fn kube_rs_as_kubelet_through_the_hub() {
         .create("v1/pods", pod("elsewhere", "edge-2"))
         .unwrap();
     let hub = cluster.start_hub();
-    let client = kube_client(&hub);
+    let client = kube_client(&hub, KUBELET_UA);
 
     // LIST scoped to this node passes the node authorizer, and sees only this node's pods.
     let pods: Api<Pod> = Api::all(client.clone());

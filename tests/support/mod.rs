@@ -178,6 +178,17 @@ fn field_addr(line: &str, key: &str) -> SocketAddr {
         .unwrap_or_else(|_| panic!("address in {line}"))
 }
 
+/// A kube-rs client through the hub. kube-rs sends no User-Agent by default; the hub keys the
+/// caller's component on it, so every test client names one.
+pub fn kube_client(hub: &HubProcess, user_agent: &'static str) -> kube::Client {
+    let mut config = kube::Config::new(hub.proxy_url().parse().expect("hub url"));
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(user_agent),
+    ));
+    kube::Client::try_from(config).expect("kube client")
+}
+
 /// A kubeconfig for the hub: `http://` server and no credentials, like the node's kubelet.conf.
 pub fn hub_kubeconfig(dir: &Path, hub: &HubProcess) -> PathBuf {
     let path = dir.join(format!("hub-{}.kubeconfig", hub.proxy.port()));

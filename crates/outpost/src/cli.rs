@@ -162,6 +162,10 @@ pub struct HubFlags {
     /// Where the edge cache lives (created at start in edge mode).
     #[arg(long, default_value = "/etc/kubernetes/cache/")]
     pub disk_cache_path: PathBuf,
+    /// Outpost only: compact the edge cache once its directory exceeds this many MiB (sled grows
+    /// with overwrites; compaction rewrites the live entries). 0 disables.
+    #[arg(long, default_value_t = 256)]
+    pub disk_cache_compact_above_mib: u64,
     /// How the hub gets its client certificate.
     #[arg(long, value_enum, default_value = "token")]
     pub bootstrap_mode: BootstrapMode,
@@ -225,6 +229,8 @@ pub struct ValidatedHub {
     pub admin_addr: SocketAddr,
     pub root_dir: PathBuf,
     pub disk_cache_path: PathBuf,
+    /// `--disk-cache-compact-above-mib` in bytes; `None` = never compact by itself.
+    pub compact_above_bytes: Option<u64>,
     pub client_pem: PathBuf,
     pub ca_file: PathBuf,
     pub lb_mode: LbMode,
@@ -256,6 +262,8 @@ impl HubFlags {
             admin_addr: SocketAddr::new(self.bind_address, self.serve_port),
             root_dir: self.root_dir.clone(),
             disk_cache_path: self.disk_cache_path.clone(),
+            compact_above_bytes: (self.disk_cache_compact_above_mib > 0)
+                .then(|| self.disk_cache_compact_above_mib.saturating_mul(1 << 20)),
             client_pem: self.kubelet_client_certificate.clone(),
             ca_file: self.kubelet_ca_file.clone(),
             lb_mode: match self.lb_mode {

@@ -35,7 +35,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
     let edge = match v.working_mode {
         WorkingMode::Edge => {
             create_dir(&v.disk_cache_path, "--disk-cache-path")?;
-            Some(open_cache(&v.disk_cache_path)?)
+            Some(open_cache(&v.disk_cache_path, v.compact_above_bytes)?)
         }
         WorkingMode::Cloud => None,
     };
@@ -70,9 +70,12 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
 /// Opens the sled cache. Another process holding it (a second hub) is a start-up error; a cache
 /// that cannot be opened for any other reason (disk full, I/O errors) must not stop the node's
 /// traffic, so the hub runs with an in-memory cache and reports it degraded.
-fn open_cache(path: &Path) -> Result<EdgeConfig, StartupError> {
-    let (store, volatile): (Arc<dyn Store>, _) = match SledStore::open(path, SledOptions::default())
-    {
+fn open_cache(path: &Path, compact_above_bytes: Option<u64>) -> Result<EdgeConfig, StartupError> {
+    let options = SledOptions {
+        compact_above_bytes,
+        ..SledOptions::default()
+    };
+    let (store, volatile): (Arc<dyn Store>, _) = match SledStore::open(path, options) {
         Ok(store) => {
             info!(path = %path.display(), "edge cache opened");
             (Arc::new(store), None)
