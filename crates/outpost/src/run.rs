@@ -115,6 +115,15 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        // Signal handlers first: a SIGTERM that arrives while the hub starts must still take
+        // the graceful path, not the default "terminate now".
+        let signals = match Signals::install() {
+            Ok(signals) => Some(signals),
+            Err(e) => {
+                error!(error = %e, "cannot listen for signals; SIGTERM will stop the hub abruptly");
+                None
+            }
+        };
         let hub = match Hub::start(config).await {
             Ok(hub) => hub,
             Err(e) => {
@@ -123,23 +132,36 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
             }
         };
         info!(node = %v.node_name, proxy = %hub.proxy_addr(), admin = %hub.admin_addr(), "ready to serve");
-        match wait_for_signal().await {
-            Ok(signal) => info!(signal, "shutting down"),
-            Err(e) => error!(error = %e, "cannot listen for signals; shutting down"),
+        match signals {
+            Some(mut signals) => info!(signal = signals.next().await, "shutting down"),
+            None => std::future::pending::<()>().await,
         }
         hub.shutdown().await;
         ExitCode::SUCCESS
     })
 }
 
-async fn wait_for_signal() -> std::io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
+/// SIGTERM and SIGINT, listened for from start-up on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }
 
 /// klog-style `--v` mapped onto tracing levels; `RUST_LOG` overrides it when set.

@@ -83,11 +83,20 @@ pub async fn list(
     };
     let result = covered_list(store, scope.clone()).await?;
     let kind = resolve_kind(store, &scope.gvr, result.items.first()).await?;
-    let page = Page::of(&result, start.as_ref(), info.query.limit);
+    let page = Page::of(&result, start.as_ref(), page_limit(info));
     Ok(json_response(
         list_body(&kind, &result, &page),
         "application/json",
     ))
+}
+
+/// The page size to honour. `resourceVersion=0` ("any version") is served whole, as the
+/// apiserver's watch cache does: kubelet and kube-proxy send `limit=500&resourceVersion=0` and
+/// expect every item in one answer.
+fn page_limit(info: &RequestInfo) -> Option<u64> {
+    let from_any =
+        info.query.resource_version.as_deref() == Some("0") && info.query.continue_token.is_none();
+    info.query.limit.filter(|_| !from_any)
 }
 
 /// The scope's cached list, or the reason it cannot be served.
@@ -384,6 +393,16 @@ mod tests {
 
     fn result_with_no_items() -> ListResult {
         result(0)
+    }
+
+    #[test]
+    fn lists_from_any_version_are_not_paged() {
+        let info = |q: &str| {
+            RequestInfo::classify(&http::Method::GET, &format!("/api/v1/pods?{q}"), None).unwrap()
+        };
+        assert_eq!(page_limit(&info("limit=500&resourceVersion=0")), None);
+        assert_eq!(page_limit(&info("limit=500")), Some(500));
+        assert_eq!(page_limit(&info("limit=2&resourceVersion=10")), Some(2));
     }
 
     #[test]

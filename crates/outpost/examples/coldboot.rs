@@ -1,0 +1,865 @@
+//! Cold boot while offline, and memory: a measurement harness (not a test, not criterion).
+//!
+//! ```sh
+//! cargo build --release
+//! cargo run --release -p outpost --example coldboot            # 20 runs per series
+//! cargo run --release -p outpost --example coldboot -- --runs=50
+//! ```
+//!
+//! 1. Starts the bundled fake apiserver with a full node's worth of objects in real shapes: 110
+//!    pods bound to `edge-1` (the fixture's real kube-system pods, renamed), 100 ConfigMaps and
+//!    100 Secrets those pods mount, 1,000 Services and 1,000 EndpointSlices.
+//! 2. Runs the release `outpost` binary online in edge mode, reads its RSS idle, makes the
+//!    cache-warming LISTs of kubelet and kube-proxy through it, reads its RSS again, and stops it
+//!    with SIGTERM.
+//! 3. Makes the apiserver refuse connections and, `--runs` times each (interleaved), spawns the
+//!    binary on the same cache directory and times, from just before the spawn:
+//!    - `list`: the first `200` (served from the edge cache) to kubelet's pod LIST;
+//!    - `healthz`: the first `200` from the admin `/v1/healthz` (edge mode: includes opening sled);
+//!    - `healthz-cloud`: the same in `--working-mode=cloud` (no cache: exec + flags + certificates
+//!      + bind, the floor).
+//! 4. Starts it once more offline, serves every warmed request from disk (checking item counts)
+//!    and reads its RSS.
+//!
+//! Every child process is owned by a guard that kills it on drop; everything is on loopback and
+//! every wait is bounded.
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
+use serde_json::{Value, json};
+
+const NODE: &str = "edge-1";
+const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/x";
+const KUBE_PROXY_UA: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/x";
+/// What kubelet and kube-proxy really send.
+const ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
+/// The list measured at cold boot, as kubelet's pod reflector re-lists.
+const COLD_LIST: &str = "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-1";
+/// kube-proxy's label selector on services and endpointslices.
+const PROXY_SELECTOR: &str = "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name";
+
+const PODS: usize = 110;
+/// Pods 0..MOUNTS each mount one ConfigMap and one Secret (200 objects in all).
+const MOUNTS: usize = 100;
+const SERVICES: usize = 1000;
+const NAMESPACES: usize = 10;
+
+/// Bound on every wait for a child process.
+const DEADLINE: Duration = Duration::from_secs(10);
+/// Pause between connection attempts while the hub is starting.
+const POLL: Duration = Duration::from_micros(200);
+
+fn main() -> Result<()> {
+    let runs = runs_from_args()?;
+    let bin = outpost_bin()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let fake = rt
+        .block_on(FakeApiServer::start(FakeConfig::default()))
+        .context("fake apiserver starts")?;
+    let rbac = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../manifests/cluster/rbac.yaml"
+    );
+    fake.apply_rbac(&outpost_testkit::manifest::load_yaml(rbac)?)
+        .map_err(|s| anyhow!("hub RBAC: {}", s.message))?;
+    let dir = tempfile::tempdir()?;
+    let files = fake
+        .pki()
+        .write_node_files(&dir.path().join("pki"), NODE)
+        .context("node cert files")?;
+    let setup = Setup {
+        bin,
+        server: fake.url(),
+        files,
+        dir: dir.path().to_owned(),
+    };
+
+    let t = Instant::now();
+    let warm = populate(&fake)?;
+    println!(
+        "fake apiserver {}: {} objects created in {:.0} ms",
+        fake.url(),
+        PODS + 2 * MOUNTS + 2 * SERVICES + NAMESPACES,
+        t.elapsed().as_secs_f64() * 1000.0
+    );
+
+    // ---- online: RSS idle, warm the cache, RSS with the full-node cache ------------------------
+    let hub = Hub::start_ready(&setup, Mode::Edge)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = hub.memory()?;
+    println!("online, idle (2 s after ready):              {idle}");
+    let t = Instant::now();
+    let mut bytes = 0;
+    for w in &warm {
+        let resp = http_get(hub.proxy, &w.path, w.agent)?;
+        ensure!(
+            resp.status == 200,
+            "warming {} as {}: {} {}",
+            w.path,
+            w.agent,
+            resp.status,
+            String::from_utf8_lossy(&resp.body)
+        );
+        ensure!(
+            resp.header("x-outpost-served-from").is_none(),
+            "warming {} was not proxied",
+            w.path
+        );
+        let n = item_count(&resp)?;
+        ensure!(n == w.items, "{}: {n} items, want {}", w.path, w.items);
+        bytes += resp.body.len();
+    }
+    println!(
+        "warmed: {} LISTs, {:.1} MiB of JSON, in {:.2} s",
+        warm.len(),
+        bytes as f64 / 1048576.0,
+        t.elapsed().as_secs_f64()
+    );
+    // The cache writer applies asynchronously; let it drain.
+    std::thread::sleep(Duration::from_secs(3));
+    let loaded = hub.memory()?;
+    println!("online, after warming (3 s settle):          {loaded}");
+    let status = hub.terminate()?;
+    ensure!(status.success(), "online hub exited with {status}");
+    println!(
+        "disk cache: {:.1} MiB on disk",
+        dir_size(&setup.dir.join("cache")) as f64 / 1048576.0
+    );
+
+    // ---- offline: cold boots ----------------------------------------------------------------
+    fake.refuse_connections();
+    let mut list = Vec::new();
+    let mut accepted = Vec::new();
+    let mut healthz = Vec::new();
+    let mut healthz_cloud = Vec::new();
+    let mut non_ok = 0;
+    let mut killed = 0;
+    for _ in 0..runs {
+        let boots = [
+            cold_boot(&setup, Mode::Edge, Probe::List)?,
+            cold_boot(&setup, Mode::Edge, Probe::Healthz)?,
+            cold_boot(&setup, Mode::Cloud, Probe::Healthz)?,
+        ];
+        list.push(boots[0].answered);
+        accepted.push(boots[0].accepted);
+        healthz.push(boots[1].answered);
+        healthz_cloud.push(boots[2].answered);
+        non_ok += boots[0].non_ok;
+        killed += boots.iter().filter(|b| b.killed).count();
+    }
+    println!("\ncold boot with the apiserver refusing connections, {runs} runs each (ms):");
+    println!("  series                                               min     p50     p90     max");
+    report("spawn -> first cached pod LIST 200 (edge)", &mut list);
+    report("  of which: spawn -> proxy port accepts", &mut accepted);
+    report(
+        "spawn -> first /v1/healthz 200 (edge, sled opened)",
+        &mut healthz,
+    );
+    report(
+        "spawn -> first /v1/healthz 200 (cloud, no cache)",
+        &mut healthz_cloud,
+    );
+    println!("  non-200 answers to the pod LIST before its first 200: {non_ok}");
+    println!(
+        "  hubs that SIGTERM killed outright (its handler not installed yet): {killed} of {}",
+        3 * runs
+    );
+
+    // ---- offline: everything served from disk, RSS ------------------------------------------
+    let hub = Hub::start_ready(&setup, Mode::Edge)?;
+    let t = Instant::now();
+    let mut pages = 0;
+    for w in &warm {
+        // Offline, the cache pages by `limit` even with `resourceVersion=0` (the apiserver's watch
+        // cache ignores `limit` then), so follow `continue` as a reflector does.
+        let mut n = 0;
+        let mut next = String::new();
+        loop {
+            let path = match next.as_str() {
+                "" => w.path.clone(),
+                token => format!(
+                    "{}&continue={token}",
+                    w.path.replace("&resourceVersion=0", "")
+                ),
+            };
+            let resp = http_get(hub.proxy, &path, w.agent)?;
+            ensure!(
+                resp.status == 200 && resp.header("x-outpost-served-from") == Some("edge-cache"),
+                "offline {path} as {}: {} {:?} {}",
+                w.agent,
+                resp.status,
+                resp.header("x-outpost-served-from"),
+                String::from_utf8_lossy(&resp.body)
+            );
+            let list: Value = serde_json::from_slice(&resp.body)?;
+            n += list["items"].as_array().map_or(0, Vec::len);
+            pages += 1;
+            match list["metadata"]["continue"].as_str() {
+                Some(token) if !token.is_empty() => next = encode(token),
+                _ => break,
+            }
+        }
+        ensure!(
+            n == w.items,
+            "offline {}: {n} items, want {}",
+            w.path,
+            w.items
+        );
+    }
+    println!(
+        "\noffline: all {} warmed LISTs ({pages} pages) served from the edge cache with the right item counts in {:.2} s",
+        warm.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let offline = hub.memory()?;
+    println!("offline restart, after serving them all:     {offline}");
+    let status = hub.terminate()?;
+    ensure!(status.success(), "offline hub exited with {status}");
+    drop(rt);
+    Ok(())
+}
+
+fn runs_from_args() -> Result<usize> {
+    let mut runs = 20;
+    for arg in std::env::args().skip(1) {
+        match arg.strip_prefix("--runs=") {
+            Some(n) => runs = n.parse().context("--runs=N")?,
+            None => bail!("unknown argument {arg:?} (usage: coldboot [--runs=N])"),
+        }
+    }
+    ensure!(runs > 0, "--runs must be at least 1");
+    Ok(runs)
+}
+
+fn outpost_bin() -> Result<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/outpost");
+    if !bin.is_file() {
+        bail!(
+            "{} is missing: run `cargo build --release` in the workspace first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+// ---- the full node ----------------------------------------------------------------------------
+
+/// One cache-warming request and how many items its list must hold.
+struct Warm {
+    path: String,
+    agent: &'static str,
+    items: usize,
+}
+
+/// Creates the node's objects in the fake and returns kubelet's and kube-proxy's start-up LISTs.
+fn populate(fake: &FakeApiServer) -> Result<Vec<Warm>> {
+    let create = |gvr: &str, obj: Value| {
+        fake.create(gvr, obj)
+            .map(drop)
+            .map_err(|s| anyhow!("create {gvr}: {}", s.message))
+    };
+    for ns in 0..NAMESPACES {
+        create(
+            "v1/namespaces",
+            json!({"metadata": {"name": format!("app-{ns}")}}),
+        )?;
+    }
+    let fixture: Value =
+        serde_json::from_str(include_str!("../../testkit/fixtures/kube-system-pods.json"))?;
+    let shapes = fixture["items"]
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .context("fixture pods")?;
+    for i in 0..PODS {
+        create("v1/pods", pod(&shapes[i % shapes.len()], i))?;
+    }
+    for i in 0..MOUNTS {
+        create("v1/configmaps", config_map(i))?;
+        create("v1/secrets", secret(i))?;
+    }
+    for i in 0..SERVICES {
+        create("v1/services", service(i))?;
+        create("discovery.k8s.io/v1/endpointslices", endpoint_slice(i))?;
+    }
+
+    let by_name = "&limit=500&resourceVersion=0";
+    let mut warm = vec![
+        Warm {
+            path: format!("/api/v1/nodes?fieldSelector=metadata.name%3D{NODE}{by_name}"),
+            agent: KUBELET_UA,
+            items: 1,
+        },
+        Warm {
+            path: format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}{by_name}"),
+            agent: KUBELET_UA,
+            items: PODS,
+        },
+    ];
+    for i in 0..MOUNTS {
+        for (plural, name) in [("configmaps", "app-config"), ("secrets", "app-secret")] {
+            warm.push(Warm {
+                path: format!(
+                    "/api/v1/namespaces/{}/{plural}?fieldSelector=metadata.name%3D{name}-{i}{by_name}",
+                    app_ns(i)
+                ),
+                agent: KUBELET_UA,
+                items: 1,
+            });
+        }
+    }
+    warm.push(Warm {
+        path: format!("/api/v1/nodes?fieldSelector=metadata.name%3D{NODE}{by_name}"),
+        agent: KUBE_PROXY_UA,
+        items: 1,
+    });
+    // The seeded `default/kubernetes` Service is listed too; it has no EndpointSlice.
+    warm.push(Warm {
+        path: format!("/api/v1/services?{PROXY_SELECTOR}{by_name}"),
+        agent: KUBE_PROXY_UA,
+        items: SERVICES + 1,
+    });
+    warm.push(Warm {
+        path: format!("/apis/discovery.k8s.io/v1/endpointslices?{PROXY_SELECTOR}{by_name}"),
+        agent: KUBE_PROXY_UA,
+        items: SERVICES,
+    });
+    Ok(warm)
+}
+
+fn app_ns(i: usize) -> String {
+    format!("app-{}", i % NAMESPACES)
+}
+
+/// A real pod (one of the fixture's), renamed, moved to `app-N` and bound to the edge node; the
+/// first `MOUNTS` also mount their own ConfigMap and Secret (the node authorizer's graph then
+/// lets kubelet read them).
+fn pod(shape: &Value, i: usize) -> Value {
+    let mut pod = shape.clone();
+    let base = pod["metadata"]["name"].as_str().unwrap_or("pod").to_owned();
+    let meta = pod["metadata"].as_object_mut().expect("pod metadata");
+    for field in [
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generateName",
+    ] {
+        meta.remove(field);
+    }
+    meta.insert("name".into(), format!("{base}-{i}").into());
+    meta.insert("namespace".into(), app_ns(i).into());
+    pod["spec"]["nodeName"] = NODE.into();
+    if i < MOUNTS {
+        let volumes = pod["spec"]
+            .as_object_mut()
+            .expect("pod spec")
+            .entry("volumes")
+            .or_insert_with(|| json!([]));
+        if let Some(v) = volumes.as_array_mut() {
+            v.push(json!({"name": "app-config", "configMap": {"name": format!("app-config-{i}"), "defaultMode": 420}}));
+            v.push(json!({"name": "app-secret", "secret": {"secretName": format!("app-secret-{i}"), "defaultMode": 420}}));
+        }
+    }
+    pod
+}
+
+fn config_map(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": format!("app-config-{i}"), "namespace": app_ns(i),
+                     "labels": {"app.kubernetes.io/name": format!("app-{i}"), "app.kubernetes.io/part-of": "shop"}},
+        "data": {
+            "application.yaml": format!(
+                "server:\n  port: 8080\n  shutdownGracePeriod: 20s\nlogging:\n  level: info\n  format: json\n\
+                 upstream:\n  url: http://svc-{i}.{}.svc.cluster.local:8080\n  timeout: 5s\n  retries: 3\n\
+                 features:\n  cache: true\n  tracing: false\n", app_ns(i)),
+            "LOG_LEVEL": "info",
+        },
+    })
+}
+
+fn secret(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": format!("app-secret-{i}"), "namespace": app_ns(i),
+                     "labels": {"app.kubernetes.io/name": format!("app-{i}")}},
+        "type": "Opaque",
+        // "app" / "c2VjcmV0LXBhc3N3b3JkLWZvci1hcHAtMDAw"-like values, base64 as in a real Secret.
+        "data": {
+            "username": "YXBw",
+            "password": "c2VjcmV0LXBhc3N3b3JkLWZvci10aGUtYXBwbGljYXRpb24=",
+            "tls.key": "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUV2UUlCQURBTkJna3Foa2lHOXcwQkFRRUZBQVNDQktjd2dnU2pBZ0VBQW9JQkFRQzMKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
+        },
+    })
+}
+
+fn cluster_ip(i: usize) -> String {
+    format!("10.96.{}.{}", 1 + i / 250, 1 + i % 250)
+}
+
+fn service(i: usize) -> Value {
+    let app = format!("svc-{i}");
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": app, "namespace": app_ns(i),
+                     "labels": {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "shop"},
+                     "annotations": {"meta.helm.sh/release-name": "shop", "meta.helm.sh/release-namespace": app_ns(i)}},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": cluster_ip(i),
+            "clusterIPs": [cluster_ip(i)],
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "internalTrafficPolicy": "Cluster",
+            "sessionAffinity": "None",
+            "selector": {"app.kubernetes.io/name": app},
+            "ports": [
+                {"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"},
+                {"name": "metrics", "port": 9090, "protocol": "TCP", "targetPort": 9090},
+            ],
+        },
+        "status": {"loadBalancer": {}},
+    })
+}
+
+fn endpoint_slice(i: usize) -> Value {
+    let app = format!("svc-{i}");
+    let endpoints: Vec<Value> = (0..2)
+        .map(|r| {
+            json!({
+                "addresses": [format!("10.244.{}.{}", (2 * i + r) / 250, 1 + (2 * i + r) % 250)],
+                "conditions": {"ready": true, "serving": true, "terminating": false},
+                "nodeName": if r == 0 { NODE.to_owned() } else { format!("edge-{}", 2 + i % 7) },
+                "targetRef": {"kind": "Pod", "namespace": app_ns(i), "name": format!("{app}-7d9f8b6c5-{r}x2kq"),
+                              "uid": format!("3f0c6a2e-1b7d-4c1e-9a5f-{:012x}", 2 * i + r)},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": format!("{app}-x7k2p"), "namespace": app_ns(i),
+                     "generateName": format!("{app}-"),
+                     "labels": {"app.kubernetes.io/name": app, "kubernetes.io/service-name": app,
+                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                     "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-20T08:14:03Z"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": app,
+                                          "uid": format!("7e3b1c9d-5a2f-4e8b-b1d6-{i:012x}"),
+                                          "controller": true, "blockOwnerDeletion": true}]},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [
+            {"name": "http", "port": 8080, "protocol": "TCP"},
+            {"name": "metrics", "port": 9090, "protocol": "TCP"},
+        ],
+    })
+}
+
+// ---- the hub as a child process -----------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Edge,
+    Cloud,
+}
+
+#[derive(Clone, Copy)]
+enum Probe {
+    List,
+    Healthz,
+}
+
+struct Setup {
+    bin: PathBuf,
+    server: String,
+    files: NodeCertFiles,
+    dir: PathBuf,
+}
+
+impl Setup {
+    /// The flags of the e2e tests' `hub_args`, with fixed loopback ports.
+    fn args(&self, mode: Mode, proxy: u16, admin: u16) -> Vec<String> {
+        let d = &self.dir;
+        let mode = match mode {
+            Mode::Edge => "edge",
+            Mode::Cloud => "cloud",
+        };
+        vec![
+            format!("--server-addr={}", self.server),
+            format!("--working-mode={mode}"),
+            format!("--node-name={NODE}"),
+            "--nodepool-name=pool-a".into(),
+            "--bootstrap-mode=kubeletcertificate".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                self.files.client_pem.display()
+            ),
+            format!("--kubelet-ca-file={}", self.files.ca_crt.display()),
+            format!("--proxy-port={proxy}"),
+            format!("--serve-port={admin}"),
+            format!("--root-dir={}", d.join("root").display()),
+            format!("--disk-cache-path={}", d.join("cache").display()),
+            "--enable-dummy-if=false".into(),
+            "--v=2".into(),
+        ]
+    }
+}
+
+/// Two distinct free loopback ports (bound together, then released).
+fn free_ports() -> Result<(u16, u16)> {
+    let a = TcpListener::bind("127.0.0.1:0")?;
+    let b = TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
+/// The `outpost` binary as a child process; killed (and reaped) on drop.
+struct Hub {
+    child: Child,
+    proxy: SocketAddr,
+    admin: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    ready: std::sync::mpsc::Receiver<()>,
+}
+
+impl Hub {
+    fn spawn(setup: &Setup, mode: Mode) -> Result<Hub> {
+        let (proxy, admin) = free_ports()?;
+        let mut child = Command::new(&setup.bin)
+            .args(setup.args(mode, proxy, admin))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn {}", setup.bin.display()))?;
+        let stderr = child.stderr.take().context("piped stderr")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, ready) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("ready to serve") {
+                    let _ = tx.send(());
+                }
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+        Ok(Hub {
+            child,
+            proxy: SocketAddr::from(([127, 0, 0, 1], proxy)),
+            admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+            log,
+            ready,
+        })
+    }
+
+    /// Spawns and waits (bounded) for the "ready to serve" line.
+    fn start_ready(setup: &Setup, mode: Mode) -> Result<Hub> {
+        let hub = Hub::spawn(setup, mode)?;
+        if hub.ready.recv_timeout(DEADLINE).is_err() {
+            bail!(
+                "hub not ready within {DEADLINE:?}; log:\n{}",
+                hub.log_text()
+            );
+        }
+        Ok(hub)
+    }
+
+    fn log_text(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join("\n")
+    }
+
+    fn memory(&self) -> Result<Memory> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let field = |key: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("{key} in /proc/<pid>/status"))
+        };
+        Ok(Memory {
+            rss_kib: field("VmRSS:")?,
+            anon_kib: field("RssAnon:")?,
+            file_kib: field("RssFile:")?,
+            hwm_kib: field("VmHWM:")?,
+        })
+    }
+
+    /// SIGTERM, then a bounded wait for the exit.
+    fn terminate(mut self) -> Result<ExitStatus> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .context("kill -TERM")?;
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("hub did not exit after SIGTERM; log:\n{}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Memory {
+    rss_kib: u64,
+    /// Heap, stacks, sled's page cache.
+    anon_kib: u64,
+    /// Mapped files: mostly the binary's own pages.
+    file_kib: u64,
+    hwm_kib: u64,
+}
+
+impl std::fmt::Display for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "VmRSS {:.1} MiB (anon {:.1}, file {:.1}; peak VmHWM {:.1})",
+            mib(self.rss_kib),
+            mib(self.anon_kib),
+            mib(self.file_kib),
+            mib(self.hwm_kib)
+        )
+    }
+}
+
+/// One cold boot, timed from just before the spawn.
+struct Boot {
+    /// The first `200` to the probe.
+    answered: Duration,
+    /// The first accepted connection to the probed port.
+    accepted: Duration,
+    /// Answers other than `200` before that.
+    non_ok: usize,
+    /// SIGTERM killed the hub before its handler was installed.
+    killed: bool,
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+/// Spawns the hub and polls `probe` until it answers `200`.
+fn cold_boot(setup: &Setup, mode: Mode, probe: Probe) -> Result<Boot> {
+    let start = Instant::now();
+    let mut hub = Hub::spawn(setup, mode)?;
+    let deadline = start + DEADLINE;
+    let (addr, path, agent) = match probe {
+        Probe::List => (hub.proxy, COLD_LIST, KUBELET_UA),
+        Probe::Healthz => (hub.admin, "/v1/healthz", "coldboot"),
+    };
+    let mut accepted = None;
+    let mut non_ok = 0;
+    let resp = loop {
+        if let Some(status) = hub.child.try_wait()? {
+            bail!("hub exited with {status}; log:\n{}", hub.log_text());
+        }
+        match TcpStream::connect(addr) {
+            Ok(stream) => {
+                accepted.get_or_insert_with(|| start.elapsed());
+                let resp = exchange(stream, path, agent)?;
+                if resp.status == 200 {
+                    break resp;
+                }
+                non_ok += 1;
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {}
+            Err(e) => return Err(e).context("connect to the hub"),
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "no 200 for {path} within {DEADLINE:?}; log:\n{}",
+                hub.log_text()
+            );
+        }
+        std::thread::sleep(POLL);
+    };
+    let answered = start.elapsed();
+    if let Probe::List = probe {
+        ensure!(
+            resp.header("x-outpost-served-from") == Some("edge-cache"),
+            "cold LIST not served from the edge cache: {:?}",
+            resp.headers
+        );
+        let n = item_count(&resp)?;
+        ensure!(n == PODS, "cold LIST: {n} pods, want {PODS}");
+    }
+    // The hub installs its SIGTERM handler only after "ready to serve", a little after its ports
+    // answer; a SIGTERM before that kills it with the default disposition. Wait (bounded) for the
+    // line, and count the deaths by signal that still happen.
+    let ready = hub.ready.recv_timeout(DEADLINE).is_ok();
+    let log = hub.log.clone();
+    let status = hub.terminate()?;
+    let killed = status.signal() == Some(15);
+    ensure!(
+        ready && (status.success() || killed),
+        "hub exited with {status} (ready line seen: {ready}); log:\n{}",
+        log.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
+    );
+    Ok(Boot {
+        answered,
+        accepted: accepted.unwrap_or(answered),
+        non_ok,
+        killed,
+    })
+}
+
+fn report(name: &str, samples: &mut [Duration]) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    // Nearest rank.
+    let rank =
+        |p: f64| samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1];
+    println!(
+        "  {name:<50} {:>6.1}  {:>6.1}  {:>6.1}  {:>6.1}",
+        ms(samples[0]),
+        ms(rank(0.5)),
+        ms(rank(0.9)),
+        ms(samples[samples.len() - 1])
+    );
+}
+
+fn dir_size(path: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+// ---- a minimal blocking HTTP/1.1 client -------------------------------------------------------
+
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str, agent: &str) -> Result<Response> {
+    exchange(TcpStream::connect(addr)?, path, agent)
+}
+
+/// One `GET` with `Connection: close`; reads until EOF (bounded by a read timeout).
+fn exchange(mut stream: TcpStream, path: &str, agent: &str) -> Result<Response> {
+    stream.set_read_timeout(Some(DEADLINE))?;
+    stream.set_nodelay(true)?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: {agent}\r\nAccept: {ACCEPT}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).context("read the response")?;
+    parse(&buf)
+}
+
+fn parse(buf: &[u8]) -> Result<Response> {
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .with_context(|| format!("no header end in {:?}", String::from_utf8_lossy(buf)))?;
+    let head = String::from_utf8_lossy(&buf[..split]);
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .context("status line")?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let raw = &buf[split + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(raw)? } else { raw.to_vec() };
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("chunk size line")?;
+        let text = String::from_utf8_lossy(&raw[..end]);
+        let size = usize::from_str_radix(text.split(';').next().unwrap_or("").trim(), 16)
+            .context("chunk size")?;
+        raw = &raw[end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        ensure!(raw.len() >= size + 2, "truncated chunk");
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// Percent-encodes a `continue` token for a query string.
+fn encode(token: &str) -> String {
+    token
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn item_count(resp: &Response) -> Result<usize> {
+    let list: Value = serde_json::from_slice(&resp.body).context("list body is JSON")?;
+    list["items"]
+        .as_array()
+        .map(Vec::len)
+        .context("list has items")
+}
