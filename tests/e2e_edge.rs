@@ -121,10 +121,19 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     .await;
     assert_eq!(names(&not_web.json()), ["b"]);
 
-    // Paging: limit/continue walk the list once.
-    let first = kubelet_get(&hub, &format!("{pods_path}&limit=2"))
+    // Paging: limit/continue walk the list once. From resourceVersion=0 ("any") the list is
+    // served whole, as the apiserver's watch cache does (`pods_path` carries limit=500).
+    let whole = kubelet_get(&hub, &pods_path.replace("limit=500", "limit=2"))
         .await
         .json();
+    assert_eq!(names(&whole), ["a", "b", "c"]);
+    assert!(whole["metadata"].get("continue").is_none());
+    let first = kubelet_get(
+        &hub,
+        &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&limit=2"),
+    )
+    .await
+    .json();
     assert_eq!(names(&first), ["a", "b"]);
     let token = first["metadata"]["continue"]
         .as_str()
