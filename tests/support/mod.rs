@@ -77,6 +77,9 @@ impl Cluster {
             format!("--root-dir={}", d.join("root").display()),
             format!("--disk-cache-path={}", d.join("cache").display()),
             "--enable-dummy-if=false".into(),
+            // Fast probes keep outage and recovery tests short; no kubelet health endpoint here.
+            "--heartbeat-interval-seconds=1".into(),
+            "--kubelet-healthz-url=".into(),
             "--v=2".into(),
         ]
     }

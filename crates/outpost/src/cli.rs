@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use outpost_core::request_info::parse_go_duration;
+use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::{LbMode, Server};
 
 /// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.
@@ -193,6 +194,10 @@ pub struct HubFlags {
     /// How long kubelet may stay silent before the hub stops renewing its lease (Go duration).
     #[arg(long, default_value = "40s", value_parser = go_duration)]
     pub kubelet_health_grace_period: Duration,
+    /// Outpost only: kubelet's health endpoint, checked before the heartbeat stops or resumes;
+    /// empty disables it.
+    #[arg(long, default_value = "http://127.0.0.1:10248/healthz")]
+    pub kubelet_healthz_url: String,
     /// How requests are spread over several servers.
     #[arg(long, value_enum, default_value = "rr")]
     pub lb_mode: LbModeFlag,
@@ -236,12 +241,14 @@ pub struct ValidatedHub {
     pub lb_mode: LbMode,
     /// `--namespace`: where `yurt-hub-cfg` lives.
     pub namespace: String,
+    pub health: HealthConfig,
 }
 
 impl HubFlags {
     /// Checks the flags in yurthub's order; the error is one line naming the problem.
     pub fn validate(&self) -> Result<ValidatedHub, String> {
         let node_name = required(&self.node_name, "--node-name")?;
+        let health = self.health_config(&node_name)?;
         let servers = parse_servers(&required(&self.server_addr, "--server-addr")?)?;
         if self.bootstrap_mode == BootstrapMode::Token {
             return Err("--bootstrap-mode=token is not supported yet; use \
@@ -271,6 +278,37 @@ impl HubFlags {
                 LbModeFlag::Priority => LbMode::Priority,
             },
             namespace: self.namespace.clone(),
+            health,
+        })
+    }
+}
+
+impl HubFlags {
+    /// Probes for every mode; the heartbeat (lease renewal gated on kubelet) in edge mode only.
+    fn health_config(&self, node_name: &str) -> Result<HealthConfig, String> {
+        let kubelet_healthz_url = match self.kubelet_healthz_url.trim() {
+            "" => None,
+            url => Some(
+                url.parse::<http::Uri>()
+                    .ok()
+                    .filter(|u| u.scheme_str() == Some("http"))
+                    .ok_or_else(|| {
+                        format!("--kubelet-healthz-url: {url:?} is not an http:// URL")
+                    })?,
+            ),
+        };
+        let heartbeat = (self.working_mode == WorkingMode::Edge).then(|| HeartbeatConfig {
+            node_name: node_name.to_owned(),
+            grace: self.kubelet_health_grace_period,
+            kubelet_healthz_url,
+        });
+        Ok(HealthConfig {
+            interval: Duration::from_secs(self.heartbeat_interval_seconds.max(1)),
+            healthy_threshold: self.heartbeat_healthy_threshold.max(1),
+            failed_retry: self.heartbeat_failed_retry.max(1),
+            probe_timeout: Duration::from_secs(self.heartbeat_timeout_seconds),
+            heartbeat,
+            state_file: Some(self.root_dir.join("servers.json")),
         })
     }
 }

@@ -94,6 +94,7 @@ async fn run() -> Result<()> {
             volatile: None,
         }),
         namespace: "kube-system".into(),
+        health: outpost_proxy::health::HealthConfig::default(),
     })
     .await?;
     println!(

@@ -63,6 +63,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         },
         edge,
         namespace: v.namespace.clone(),
+        health: v.health.clone(),
     };
     Ok((config, v))
 }

@@ -13,7 +13,7 @@ use http::{Method, Request, Response, StatusCode};
 use outpost_certs::IdentityInfo;
 
 use crate::body::{self, ProxyBody};
-use crate::edge::Cloud;
+use crate::health::ServerStates;
 use crate::metrics::Metrics;
 
 /// A storage call running longer than this means sled is stuck (see `outpost_cache::Health`).
@@ -48,8 +48,10 @@ pub struct Readiness {
     pub cache: Option<Arc<dyn outpost_cache::Store>>,
     /// Why the disk cache is an in-memory stand-in, if it is.
     pub cache_volatile: Option<String>,
-    /// Edge mode only.
-    pub cloud: Option<Arc<Cloud>>,
+    /// The apiservers' health.
+    pub servers: Option<Arc<ServerStates>>,
+    /// Edge mode: with no server healthy the cache serves, so the hub is degraded, not unready.
+    pub edge: bool,
 }
 
 impl Readiness {
@@ -60,7 +62,7 @@ impl Readiness {
                 .as_deref()
                 .map(|c| cache_check(c, self.cache_volatile.as_deref())),
         );
-        checks.extend(self.cloud.as_deref().map(cloud_check));
+        checks.extend(self.servers.as_deref().map(|s| servers_check(s, self.edge)));
         checks
     }
 
@@ -108,13 +110,19 @@ fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> Chec
     check
 }
 
-fn cloud_check(cloud: &Cloud) -> CheckResult {
-    let mut check = CheckResult::new("cloud", true, "an apiserver answers".into());
-    if !cloud.is_online() {
+fn servers_check(servers: &ServerStates, edge: bool) -> CheckResult {
+    let healthy = servers.healthy_flags().iter().filter(|h| **h).count();
+    let detail = format!("{healthy} of {} apiservers healthy", servers.len());
+    if healthy > 0 {
+        return CheckResult::new("cloud", true, detail);
+    }
+    if edge {
+        let mut check = CheckResult::new("cloud", true, String::new());
         check.degraded = true;
         check.detail = "offline, serving from cache".into();
+        return check;
     }
-    check
+    CheckResult::new("cloud", false, detail)
 }
 
 /// What the admin handler needs.
@@ -204,7 +212,8 @@ mod tests {
             identity: identity(Duration::from_secs(3600)),
             cache: None,
             cache_volatile: None,
-            cloud: None,
+            servers: None,
+            edge: false,
         };
         assert!(r.checks(SystemTime::now())[0].ok);
         let later = SystemTime::now() + Duration::from_secs(7200);

@@ -26,8 +26,8 @@ pub enum ProxyError {
     /// The upstream sent something that is not a valid HTTP response.
     #[error("bad reply from apiserver {server}: {cause}")]
     BadReply { server: String, cause: String },
-    /// No upstream is configured (cannot happen after flag validation, kept for totality).
-    #[error("no apiserver configured")]
+    /// No apiserver is healthy (or none is configured).
+    #[error("no healthy apiserver: every --server-addr failed its last probe or request")]
     NoUpstream,
     /// The cloud is unreachable and the cache cannot answer this request.
     #[error("the cloud is unreachable and {0}")]
@@ -48,6 +48,10 @@ pub enum ProxyError {
     /// The cache itself failed while answering.
     #[error("edge cache failure: {0}")]
     Cache(String),
+    /// An answer the hub gives itself (kubelet's local lease): the Status as the apiserver
+    /// would word it.
+    #[error("{}", .0.message)]
+    Local(Status),
 }
 
 impl ProxyError {
@@ -72,6 +76,7 @@ impl ProxyError {
             ProxyError::Expired(_) => Status::expired(message),
             ProxyError::NotAcceptable(_) => Status::new(Reason::NotAcceptable, message),
             ProxyError::Cache(_) => Status::internal(message),
+            ProxyError::Local(status) => status,
         }
     }
 
@@ -87,6 +92,7 @@ impl ProxyError {
             ProxyError::Expired(_) => "expired",
             ProxyError::NotAcceptable(_) => "not_acceptable",
             ProxyError::Cache(_) => "cache",
+            ProxyError::Local(_) => "local",
         }
     }
 

@@ -7,6 +7,7 @@
 //! - [`pipeline`]: the four stages of one request.
 //! - [`route`]: the routing decision.
 //! - [`edge`]: edge mode — what is cached, the tee into the cache, offline serving.
+//! - [`health`]: per-server health, the node-lease heartbeat gated on kubelet, kubelet's lease.
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
@@ -19,6 +20,7 @@ pub mod body;
 pub mod edge;
 pub mod error;
 pub mod headers;
+pub mod health;
 pub mod hubcfg;
 pub mod metrics;
 pub mod pipeline;
@@ -50,6 +52,8 @@ pub struct HubConfig {
     pub edge: Option<EdgeConfig>,
     /// `--namespace`: where `yurt-hub-cfg` lives (kube-system).
     pub namespace: String,
+    /// Probes, heartbeat and kubelet gating.
+    pub health: health::HealthConfig,
 }
 
 /// The edge cache's settings.
@@ -106,12 +110,26 @@ impl Hub {
             .with_label_values(&[identity.user.as_str()])
             .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
         let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
+        let initially_healthy = config
+            .health
+            .state_file
+            .as_deref()
+            .map(|path| health::prober::remembered(path, &servers))
+            .unwrap_or_default();
+        let states = Arc::new(health::ServerStates::new(
+            config.upstream.servers.clone(),
+            &initially_healthy,
+            config.health.healthy_threshold,
+            &metrics,
+        ));
+        let upstream = Arc::new(upstream::Upstream::new(config.upstream, states.clone()));
         let volatile = config.edge.as_ref().and_then(|c| c.volatile.clone());
         let edge = match config.edge {
             Some(c) => Some(
                 edge::Edge::new(
                     c.store,
                     edge::CachePolicy::new(c.agents),
+                    states.clone(),
                     metrics.clone(),
                     c.volatile.is_some(),
                 )
@@ -119,34 +137,54 @@ impl Hub {
             ),
             None => None,
         };
+        let heartbeat = match (&edge, &config.health.heartbeat) {
+            (Some(_), Some(hb)) => Some(Arc::new(health::prober::Heartbeat::new(
+                hb.clone(),
+                Arc::default(),
+            ))),
+            _ => None,
+        };
         let (shutdown, shutdown_rx) = watch::channel(false);
         let readiness = admin::Readiness {
             identity,
             cache: edge.as_ref().map(|e| e.store().clone()),
             cache_volatile: volatile,
-            cloud: edge.as_ref().map(|e| e.cloud().clone()),
+            servers: Some(states.clone()),
+            edge: edge.is_some(),
         };
-        let pipeline = Arc::new(pipeline::Pipeline {
-            upstream: Arc::new(upstream::Upstream::new(config.upstream)),
-            metrics: metrics.clone(),
-            edge,
-            shutdown: shutdown_rx.clone(),
-        });
+        let mut tasks = vec![tokio::spawn(health::prober::run(
+            states,
+            upstream.clone(),
+            heartbeat.clone(),
+            config.health.clone(),
+            metrics.clone(),
+            shutdown_rx.clone(),
+        ))];
         let cfg_watch = hubcfg::ConfigWatch::new(
             &config.namespace,
-            pipeline.upstream.clone(),
-            pipeline.edge.as_ref().map(|e| e.store().clone()),
+            upstream.clone(),
+            edge.as_ref().map(|e| e.store().clone()),
         );
-        let mut tasks = Vec::new();
-        if let Some(edge) = &pipeline.edge {
-            edge.cloud()
-                .probe_at_start(pipeline.upstream.clone(), shutdown_rx.clone());
+        if let Some(edge) = &edge {
             tasks.push(tokio::spawn(apply_cache_agents(
                 cfg_watch.subscribe(),
                 edge.policy().clone(),
             )));
         }
         tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
+        let local_lease = match (&heartbeat, &config.health.heartbeat) {
+            (Some(hb), Some(c)) => Some(health::local_lease::LocalLease::new(
+                &c.node_name,
+                hb.calls.clone(),
+            )),
+            _ => None,
+        };
+        let pipeline = Arc::new(pipeline::Pipeline {
+            upstream,
+            metrics: metrics.clone(),
+            edge,
+            local_lease,
+        });
         let admin = Arc::new(admin::Admin { readiness, metrics });
 
         let proxy_task = tokio::spawn(server::serve(

@@ -28,6 +28,16 @@ pub struct Metrics {
     pub cache_served: IntCounterVec,
     /// 1 while the cloud answers, 0 while the hub serves from its cache.
     pub cloud_online: IntGauge,
+    /// Per `--server-addr`: 1 healthy, 0 unhealthy.
+    pub server_healthy: IntGaugeVec,
+    /// Health transitions per server and direction.
+    pub server_transitions: IntCounterVec,
+    /// Probe (or lease renewal) latency per server.
+    pub probe_latency: HistogramVec,
+    /// Node-lease renewals by result (renewed, skipped, failed).
+    pub lease_renewals: IntCounterVec,
+    /// 1 when kubelet's health endpoint last answered OK, 0 when it failed; absent when disabled.
+    pub kubelet_healthz_ok: IntGauge,
 }
 
 impl Metrics {
@@ -120,6 +130,46 @@ impl Metrics {
         )
         .expect("valid metric definition");
         cloud_online.set(1);
+        let server_healthy = IntGaugeVec::new(
+            Opts::new(
+                "outpost_server_healthy",
+                "1 while the apiserver is healthy.",
+            ),
+            &["server"],
+        )
+        .expect("valid metric definition");
+        let server_transitions = IntCounterVec::new(
+            Opts::new(
+                "outpost_server_health_transitions_total",
+                "Apiserver health changes, by server and new state.",
+            ),
+            &["server", "to"],
+        )
+        .expect("valid metric definition");
+        let probe_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "outpost_probe_duration_seconds",
+                "Health probe (or node-lease renewal) latency, by server.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["server"],
+        )
+        .expect("valid metric definition");
+        let lease_renewals = IntCounterVec::new(
+            Opts::new(
+                "outpost_node_lease_renewals_total",
+                "Node-lease heartbeats by result: renewed, skipped (kubelet not alive), failed.",
+            ),
+            &["result"],
+        )
+        .expect("valid metric definition");
+        let kubelet_healthz_ok = IntGauge::new(
+            "outpost_kubelet_healthz_ok",
+            "1 when kubelet's health endpoint last answered OK.",
+        )
+        .expect("valid metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
@@ -132,6 +182,11 @@ impl Metrics {
             Box::new(cache_degraded.clone()),
             Box::new(cache_served.clone()),
             Box::new(cloud_online.clone()),
+            Box::new(server_healthy.clone()),
+            Box::new(server_transitions.clone()),
+            Box::new(probe_latency.clone()),
+            Box::new(lease_renewals.clone()),
+            Box::new(kubelet_healthz_ok.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -148,6 +203,11 @@ impl Metrics {
             cache_degraded,
             cache_served,
             cloud_online,
+            server_healthy,
+            server_transitions,
+            probe_latency,
+            lease_renewals,
+            kubelet_healthz_ok,
         }
     }
 

@@ -26,7 +26,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use outpost_core::{RequestInfo, Status};
+use outpost_core::{RequestInfo, Status, Verb};
 use tracing::{debug, warn};
 
 use crate::body::{self, ProxyBody};
@@ -43,8 +43,8 @@ pub struct Pipeline {
     pub metrics: Metrics,
     /// Edge mode only.
     pub edge: Option<Edge>,
-    /// Ends background work started by requests (the cloud prober).
-    pub shutdown: tokio::sync::watch::Receiver<bool>,
+    /// Edge mode only: kubelet's own lease, answered locally.
+    pub local_lease: Option<crate::health::local_lease::LocalLease>,
 }
 
 impl Pipeline {
@@ -56,74 +56,143 @@ impl Pipeline {
             Err(err) => return self.respond(None, Err(err), started, None),
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
-        let route = route::decide(&info, req.headers(), self.edge.as_ref());
+        let route = route::decide(
+            &info,
+            req.headers(),
+            self.edge.as_ref(),
+            self.local_lease.as_ref(),
+        );
         let result = match (&self.edge, route.cache.clone()) {
             _ if route.tunnel => self.tunnel(route, &info, req).await,
+            _ if route.kubelet_lease => self.kubelet_lease(route, &info, req).await,
             (Some(edge), Some(plan)) if route.local => edge.serve(plan, &info, req.headers()).await,
             _ => self.remote(route, &info, req).await,
         };
         self.respond(Some(&info), result, started, Some(in_flight))
     }
 
-    /// Stage 3a: one exchange with an apiserver, streaming the bodies; in edge mode the response
-    /// is teed into the cache, and a cached read whose upstream fails is answered locally.
+    /// Stage 3b for kubelet's own lease (edge mode): answered locally; the first GET seeds the
+    /// local copy from the cloud while it is reachable.
+    async fn kubelet_lease(
+        &self,
+        route: Route,
+        info: &RequestInfo,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let Some(lease) = &self.local_lease else {
+            return self.remote(route, info, req).await;
+        };
+        let seeding = req.method() == http::Method::GET && lease.is_empty() && !route.local;
+        if !seeding {
+            let method = req.method().clone();
+            return lease.serve(&method, req.into_body()).await;
+        }
+        let resp = self.remote(route, info, req).await?;
+        if resp.status() != StatusCode::OK {
+            return Ok(resp);
+        }
+        let (parts, body) = resp.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| ProxyError::BadReply {
+                server: "lease".into(),
+                cause: e.to_string(),
+            })?
+            .to_bytes();
+        lease.seed(&bytes);
+        Ok(Response::from_parts(parts, body::full(bytes)))
+    }
+
+    /// Stage 3a: one exchange with an apiserver, streaming the bodies. A read that fails to
+    /// reach one server is retried once on another healthy one. In edge mode a good response is
+    /// teed into the cache, and a cached read whose upstream fails is answered locally.
     async fn remote(
         &self,
         route: Route,
         info: &RequestInfo,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let headers = req.headers().clone();
-        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
         let deadline = self.deadline(info, route.cache.as_ref());
-        let mut upstream_req = upstream_request(req, false);
-        if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
-            edge.prepare_upstream(plan, upstream_req.headers_mut());
+        let (parts, body) = req.into_parts();
+        let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
+        let mut body = Some(body::stream(body));
+        let mut sent = Err(ProxyError::NoUpstream);
+        for attempt in 0..2 {
+            // The retry goes to another healthy server; with none left, the first error stands.
+            let Some(server) = self.upstream.pick() else {
+                break;
+            };
+            let mut upstream_req =
+                upstream_request(&parts, body.take().unwrap_or_else(body::empty));
+            if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
+                edge.prepare_upstream(plan, upstream_req.headers_mut());
+            }
+            sent = self.send(server, &route, upstream_req, deadline).await;
+            let failed = self.note_outcome(server, &sent);
+            let unreached = matches!(sent, Err(ref e) if e.is_upstream());
+            if !(failed && unreached && retryable && attempt == 0) {
+                break;
+            }
         }
-        let send = self
-            .upstream
-            .send(server, route.identity, upstream_req, deadline);
         let Some(edge) = &self.edge else {
-            let resp = send
-                .await
-                .inspect_err(|e| self.count_upstream_error(&server.label(), e))?;
-            return Ok(client_response(resp, false));
+            return Ok(client_response(sent?, false));
         };
-        let sent = match &route.cache {
-            // A cached read stops waiting as soon as the cloud is known to be down.
-            Some(_) => tokio::select! {
-                sent = send => sent,
-                _ = edge.cloud().went_offline() => {
-                    Err(ProxyError::Offline("stopped waiting for it".into()))
-                }
-            },
-            None => send.await,
-        }
-        .inspect_err(|e| self.count_upstream_error(&server.label(), e));
-        let failure = match &sent {
-            Err(e) if e.is_upstream() => Some(e.to_string()),
-            Ok(resp) if is_cloud_failure(resp.status()) => {
-                Some(format!("{} answered {}", server.label(), resp.status()))
-            }
-            _ => None,
+        let fall_back = match &sent {
+            Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
+            Ok(resp) => is_cloud_failure(resp.status()),
         };
-        let gave_up = matches!(sent, Err(ProxyError::Offline(_)));
-        match &failure {
-            Some(cause) => {
-                edge.cloud()
-                    .report_failure(cause, self.upstream.clone(), self.shutdown.clone())
-            }
-            None if sent.is_ok() => edge.cloud().report_success(),
-            None => {}
-        }
-        if let (true, Some(plan)) = (failure.is_some() || gave_up, &route.cache) {
-            return edge.serve(plan.clone(), info, &headers).await;
+        if let (true, Some(plan)) = (fall_back, &route.cache) {
+            return edge.serve(plan.clone(), info, &parts.headers).await;
         }
         let resp = client_response(sent?, false);
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
         })
+    }
+
+    /// One send; in edge mode a cached read stops waiting as soon as every server is unhealthy.
+    async fn send(
+        &self,
+        server: &crate::upstream::Server,
+        route: &Route,
+        req: Request<ProxyBody>,
+        deadline: std::time::Duration,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let send = self.upstream.send(server, route.identity, req, deadline);
+        if self.edge.is_none() || route.cache.is_none() {
+            return send.await;
+        }
+        tokio::select! {
+            sent = send => sent,
+            _ = self.upstream.states().went_offline() => {
+                Err(ProxyError::Offline("stopped waiting for it".into()))
+            }
+        }
+    }
+
+    /// Counts a failure and marks the server unhealthy when it did not answer (or answered that
+    /// it cannot serve); returns whether it failed so.
+    fn note_outcome(
+        &self,
+        server: &crate::upstream::Server,
+        sent: &Result<Response<Incoming>, ProxyError>,
+    ) -> bool {
+        let cause = match sent {
+            Err(e) => {
+                self.count_upstream_error(&server.label(), e);
+                e.is_upstream().then(|| e.to_string())
+            }
+            Ok(resp) if is_unavailable(resp.status()) => {
+                Some(format!("{} answered {}", server.label(), resp.status()))
+            }
+            Ok(_) => None,
+        };
+        if let Some(cause) = &cause {
+            self.upstream.states().mark_failed(server, cause);
+        }
+        cause.is_some()
     }
 
     /// How long to wait for response headers. A cached read gives up 2 s before the client's own
@@ -152,7 +221,8 @@ impl Pipeline {
         let client_side = hyper::upgrade::on(&mut req);
         let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
         let deadline = self.upstream.header_deadline(info.query.timeout);
-        let upstream_req = upstream_request(req, true);
+        let (parts, body) = req.into_parts();
+        let upstream_req = upstream_request_with(&parts, body::stream(body), true);
         let mut resp = self
             .upstream
             .send(server, route.identity, upstream_req, deadline)
@@ -255,20 +325,38 @@ pub fn classify<B>(req: &Request<B>) -> Result<RequestInfo, ProxyError> {
     )?)
 }
 
-/// An upstream answer that means "this apiserver cannot serve now" (501 is a real answer).
+/// An upstream answer a cached read falls back on the cache for (501 is a real answer).
 fn is_cloud_failure(status: StatusCode) -> bool {
     status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED
 }
 
-/// The client's request, rewritten for the upstream hop (headers cleaned, body streamed).
-fn upstream_request(req: Request<Incoming>, tunnel: bool) -> Request<ProxyBody> {
-    let (mut parts, incoming) = req.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers, tunnel);
+/// An upstream answer that says the server itself cannot serve now: it is marked unhealthy.
+fn is_unavailable(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
+}
+
+/// The client's request, rewritten for the upstream hop (headers cleaned, body streamed). Built
+/// from the parts so a bodiless read can be sent again to another server.
+fn upstream_request(parts: &http::request::Parts, body: ProxyBody) -> Request<ProxyBody> {
+    upstream_request_with(parts, body, false)
+}
+
+fn upstream_request_with(
+    parts: &http::request::Parts,
+    body: ProxyBody,
+    tunnel: bool,
+) -> Request<ProxyBody> {
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.headers_mut() = parts.headers.clone();
+    headers::strip_hop_by_hop(req.headers_mut(), tunnel);
     // The upstream's own authority goes into Host (set by the client from the URI).
-    parts.headers.remove(header::HOST);
-    parts.version = http::Version::HTTP_11;
-    parts.extensions = http::Extensions::new();
-    Request::from_parts(parts, body::stream(incoming))
+    req.headers_mut().remove(header::HOST);
+    req
 }
 
 /// The upstream's response, rewritten for the client hop.

@@ -10,6 +10,7 @@ use outpost_core::RequestInfo;
 
 use crate::edge::{CachePlan, Edge};
 use crate::headers;
+use crate::health::local_lease::LocalLease;
 use crate::upstream::Identity;
 
 /// How one request is served.
@@ -20,6 +21,9 @@ pub struct Route {
     pub tunnel: bool,
     /// Edge mode: the cache's part in this request (`None`: proxy only).
     pub cache: Option<CachePlan>,
+    /// Edge mode: kubelet's own lease request, answered by the hub (the heartbeat renews the
+    /// cloud's copy while kubelet keeps calling).
+    pub kubelet_lease: bool,
     /// Edge mode: the cloud is known to be unreachable and the cache can take this request, so
     /// it is answered locally without waiting for upstream. Other requests are still tried
     /// upstream (a write that could succeed is never refused on stale evidence).
@@ -27,7 +31,12 @@ pub struct Route {
 }
 
 /// Decides the route from the classification, the request headers and the edge state.
-pub fn decide(info: &RequestInfo, headers: &HeaderMap, edge: Option<&Edge>) -> Route {
+pub fn decide(
+    info: &RequestInfo,
+    headers: &HeaderMap,
+    edge: Option<&Edge>,
+    local_lease: Option<&LocalLease>,
+) -> Route {
     let identity = if headers::has_bearer_token(headers) {
         Identity::Bearer
     } else {
@@ -38,6 +47,7 @@ pub fn decide(info: &RequestInfo, headers: &HeaderMap, edge: Option<&Edge>) -> R
     Route {
         identity,
         tunnel,
+        kubelet_lease: !tunnel && local_lease.is_some_and(|l| l.handles(info)),
         local: cache.is_some() && edge.is_some_and(Edge::is_offline),
         cache,
     }
@@ -56,14 +66,14 @@ mod tests {
     fn bearer_callers_keep_their_identity() {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer t0k3n"));
-        let r = decide(&info("/api/v1/pods"), &h, None);
+        let r = decide(&info("/api/v1/pods"), &h, None, None);
         assert_eq!(r.identity, Identity::Bearer);
         assert!(!r.tunnel);
     }
 
     #[test]
     fn others_go_as_the_node() {
-        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None);
+        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None, None);
         assert_eq!(r.identity, Identity::Node);
     }
 
@@ -75,6 +85,7 @@ mod tests {
         let r = decide(
             &info("/api/v1/namespaces/d/pods/p/exec?command=sh"),
             &h,
+            None,
             None,
         );
         assert!(r.tunnel);

@@ -5,6 +5,7 @@
 //! exchange with a deadline on the response headers and sorts failures into the three upstream
 //! error kinds the rest of the proxy understands (unreachable, timeout, bad reply).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use outpost_certs::UpstreamTls;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::health::ServerStates;
 
 /// How requests are spread over several `--server-addr` entries (`--lb-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,7 +123,7 @@ type HttpsClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
 
 /// The pool of apiservers and the clients that talk to them.
 pub struct Upstream {
-    servers: Vec<Server>,
+    states: Arc<ServerStates>,
     lb_mode: LbMode,
     next: AtomicUsize,
     node_client: HttpsClient,
@@ -130,11 +132,12 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Upstream {
+    /// `states` holds the same servers as `config.servers`, with their health.
+    pub fn new(config: UpstreamConfig, states: Arc<ServerStates>) -> Upstream {
         let node_client = https_client(&config, Identity::Node);
         let bearer_client = https_client(&config, Identity::Bearer);
         Upstream {
-            servers: config.servers,
+            states,
             lb_mode: config.lb_mode,
             next: AtomicUsize::new(0),
             node_client,
@@ -143,20 +146,24 @@ impl Upstream {
         }
     }
 
-    pub fn servers(&self) -> &[Server] {
-        &self.servers
+    pub fn states(&self) -> &Arc<ServerStates> {
+        &self.states
     }
 
-    /// The server for the next request, per `--lb-mode`.
+    /// A healthy server for the next request, per `--lb-mode`: round-robin over the healthy
+    /// ones, or the first healthy one in flag order. `None` when none is healthy.
     pub fn pick(&self) -> Option<&Server> {
-        if self.servers.is_empty() {
-            return None;
-        }
+        let healthy: Vec<usize> = (0..self.states.len())
+            .filter(|&i| self.states.is_healthy(i))
+            .collect();
         let index = match self.lb_mode {
-            LbMode::Priority => 0,
-            LbMode::RoundRobin => self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len(),
+            LbMode::Priority => *healthy.first()?,
+            LbMode::RoundRobin => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                *healthy.get(n % healthy.len().max(1))?
+            }
         };
-        self.servers.get(index)
+        self.states.server(index)
     }
 
     /// The deadline for response headers: the client's own `?timeout=` when shorter.

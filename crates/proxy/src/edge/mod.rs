@@ -2,7 +2,7 @@
 //!
 //! Start at [`Edge`]: the pipeline asks it three things, in lifecycle order.
 //! 1. *route*: [`Edge::plan`] — does the cache take part in this request, and under which key
-//!    ([`policy`]); [`Edge::is_offline`] — is the cloud known to be unreachable ([`cloud`]).
+//!    ([`policy`]); [`Edge::is_offline`] — is every apiserver unhealthy ([`crate::health`]).
 //! 2. *remote*: [`Edge::prepare_upstream`] asks for uncompressed JSON ([`negotiate`]);
 //!    [`Edge::tee`] copies a good response into the cache on its way to the client ([`tee`]),
 //!    and a single writer thread applies it ([`writer`]).
@@ -12,7 +12,6 @@
 //! Filters (a later issue) run on the way out, after the tee, so the cache keeps the upstream
 //! truth and a change of filter configuration applies to cached data too.
 
-pub mod cloud;
 pub mod kinds;
 pub mod negotiate;
 pub mod offline;
@@ -28,12 +27,12 @@ use outpost_cache::Store;
 use outpost_core::RequestInfo;
 use tracing::debug;
 
-pub use cloud::Cloud;
 pub use policy::{CacheAgents, CachePlan, CachePolicy};
 pub use writer::Writer;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
+use crate::health::ServerStates;
 use crate::metrics::Metrics;
 use tee::{Sink, TeeBody};
 use writer::CacheOp;
@@ -43,7 +42,7 @@ pub struct Edge {
     store: Arc<dyn Store>,
     policy: CachePolicy,
     writer: Writer,
-    cloud: Arc<Cloud>,
+    health: Arc<ServerStates>,
     metrics: Metrics,
 }
 
@@ -52,12 +51,13 @@ impl Edge {
     pub fn new(
         store: Arc<dyn Store>,
         policy: CachePolicy,
+        health: Arc<ServerStates>,
         metrics: Metrics,
         volatile: bool,
     ) -> std::io::Result<Edge> {
         let writer = Writer::start(store.clone(), metrics.clone(), volatile)?;
         Ok(Edge {
-            cloud: Cloud::new(metrics.clone()),
+            health,
             store,
             policy,
             writer,
@@ -69,8 +69,8 @@ impl Edge {
         &self.store
     }
 
-    pub fn cloud(&self) -> &Arc<Cloud> {
-        &self.cloud
+    pub fn health(&self) -> &Arc<ServerStates> {
+        &self.health
     }
 
     pub fn policy(&self) -> &CachePolicy {
@@ -86,7 +86,7 @@ impl Edge {
     }
 
     pub fn is_offline(&self) -> bool {
-        !self.cloud.is_online()
+        !self.health.is_online()
     }
 
     /// Rewrites a cached request's headers so the response can be cached as received. A client
@@ -155,7 +155,7 @@ impl Edge {
             CachePlan::Object { key } => offline::get(&self.store, key).await,
             CachePlan::List { scope } => offline::list(&self.store, scope, info).await,
             CachePlan::Watch { scope } => {
-                watch::serve(&self.store, scope, info, self.cloud.subscribe()).await
+                watch::serve(&self.store, scope, info, self.health.subscribe()).await
             }
             CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
         };

@@ -1,0 +1,252 @@
+//! The node-lease heartbeat: renews `kube-node-lease/<node>` in the cloud with the hub's (the
+//! node's) identity, as kubelet would: `holderIdentity` = node name, `leaseDurationSeconds` = the
+//! kubelet grace period, `renewTime` = now, an ownerReference to the Node. A missing lease is
+//! created; a conflict re-reads the lease with backoff (200, 400, 800 ms) and tries again, up to
+//! `--heartbeat-failed-retry` tries. yurthub's `openyurt.io/delegate-heartbeat` annotation is
+//! dropped, as yurthub does.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+use crate::body;
+use crate::upstream::{Identity, Server, Upstream};
+
+const USER_AGENT: &str = "outpost/heartbeat";
+const DELEGATE_ANNOTATION: &str = "openyurt.io/delegate-heartbeat";
+
+/// Renews one node's lease; remembers the last lease the cloud returned.
+pub struct LeaseRenewer {
+    node: String,
+    duration_seconds: u64,
+    last: Mutex<Option<Value>>,
+}
+
+impl LeaseRenewer {
+    pub fn new(node: &str, grace: Duration) -> LeaseRenewer {
+        LeaseRenewer {
+            node: node.to_owned(),
+            duration_seconds: grace.as_secs().max(1),
+            last: Mutex::new(None),
+        }
+    }
+
+    fn lease_path(&self) -> String {
+        format!(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{}",
+            self.node
+        )
+    }
+
+    /// One heartbeat through `server`: `Ok` with the renewed lease, or why it failed.
+    pub async fn renew(
+        &self,
+        upstream: &Upstream,
+        server: &Server,
+        tries: u32,
+        timeout: Duration,
+    ) -> Result<Value, String> {
+        let call = Call {
+            upstream,
+            server,
+            timeout,
+        };
+        let mut last_error = String::from("no attempt made");
+        for attempt in 0..tries.max(1) {
+            let base = match self.last() {
+                Some(base) => base,
+                None => match self.fetch_or_create(&call).await {
+                    Ok(lease) => lease,
+                    Err(e) => {
+                        last_error = e;
+                        continue;
+                    }
+                },
+            };
+            let (status, body) = call
+                .send(Method::PUT, &self.lease_path(), Some(self.renewed(base)))
+                .await?;
+            match status {
+                StatusCode::OK => {
+                    let lease: Value = parse(&body)?;
+                    self.remember(Some(lease.clone()));
+                    return Ok(lease);
+                }
+                StatusCode::CONFLICT | StatusCode::NOT_FOUND => {
+                    self.remember(None);
+                    tokio::time::sleep(Duration::from_millis(200 << attempt.min(2))).await;
+                    last_error = format!("lease update answered {status}");
+                }
+                other => return Err(format!("lease update answered {other}")),
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn fetch_or_create(&self, call: &Call<'_>) -> Result<Value, String> {
+        let (status, body) = call.send(Method::GET, &self.lease_path(), None).await?;
+        match status {
+            StatusCode::OK => parse(&body),
+            StatusCode::NOT_FOUND => self.create(call).await,
+            other => Err(format!("lease read answered {other}")),
+        }
+    }
+
+    async fn create(&self, call: &Call<'_>) -> Result<Value, String> {
+        let node_path = format!("/api/v1/nodes/{}", self.node);
+        let (status, node) = call.send(Method::GET, &node_path, None).await?;
+        if status != StatusCode::OK {
+            return Err(format!("node read answered {status}"));
+        }
+        let uid = parse(&node)?["metadata"]["uid"].clone();
+        let lease = json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.node,
+                "namespace": "kube-node-lease",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid}],
+            },
+            "spec": {},
+        });
+        let path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+        let (status, body) = call
+            .send(Method::POST, path, Some(self.renewed(lease)))
+            .await?;
+        match status {
+            StatusCode::CREATED | StatusCode::OK => parse(&body),
+            other => Err(format!("lease create answered {other}")),
+        }
+    }
+
+    /// `base` with this heartbeat's fields.
+    fn renewed(&self, mut lease: Value) -> Value {
+        lease["spec"]["holderIdentity"] = json!(self.node);
+        lease["spec"]["leaseDurationSeconds"] = json!(self.duration_seconds);
+        lease["spec"]["renewTime"] = json!(micro_time(SystemTime::now()));
+        if let Some(annotations) = lease["metadata"]["annotations"].as_object_mut() {
+            annotations.remove(DELEGATE_ANNOTATION);
+        }
+        lease
+    }
+
+    fn last(&self) -> Option<Value> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn remember(&self, lease: Option<Value>) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+}
+
+/// One server, one identity, one timeout.
+struct Call<'a> {
+    upstream: &'a Upstream,
+    server: &'a Server,
+    timeout: Duration,
+}
+
+impl Call<'_> {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::USER_AGENT, USER_AGENT)
+            .header(http::header::ACCEPT, "application/json");
+        let body = match body {
+            Some(v) => {
+                builder = builder.header(http::header::CONTENT_TYPE, "application/json");
+                body::full(v.to_string())
+            }
+            None => body::empty(),
+        };
+        let req = builder.body(body).map_err(|e| e.to_string())?;
+        let resp = self
+            .upstream
+            .send(self.server, Identity::Node, req, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let bytes = tokio::time::timeout(self.timeout, resp.into_body().collect())
+            .await
+            .map_err(|_| "lease response body timed out".to_owned())?
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+}
+
+fn parse(bytes: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(bytes).map_err(|e| format!("undecodable lease response: {e}"))
+}
+
+/// `metav1.MicroTime` as kube-apiserver writes it: RFC 3339, UTC, microseconds.
+pub fn micro_time(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    let rem = secs % 86_400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_micros()
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_time_matches_the_apiserver_format() {
+        let t = UNIX_EPOCH + Duration::from_micros(1_795_463_061_123_456);
+        assert_eq!(micro_time(t), "2026-11-23T19:44:21.123456Z");
+        assert_eq!(micro_time(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert!(micro_time(leap).starts_with("2000-02-29T00:00:00"));
+    }
+
+    #[test]
+    fn renewal_fields_and_the_delegate_annotation() {
+        let r = LeaseRenewer::new("edge-1", Duration::from_secs(40));
+        let base = json!({
+            "metadata": {"name": "edge-1", "annotations": {DELEGATE_ANNOTATION: "true", "keep": "x"}},
+            "spec": {"holderIdentity": "someone-else"}
+        });
+        let lease = r.renewed(base);
+        assert_eq!(lease["spec"]["holderIdentity"], "edge-1");
+        assert_eq!(lease["spec"]["leaseDurationSeconds"], 40);
+        assert!(lease["spec"]["renewTime"].as_str().unwrap().ends_with('Z'));
+        assert!(
+            lease["metadata"]["annotations"]
+                .get(DELEGATE_ANNOTATION)
+                .is_none()
+        );
+        assert_eq!(lease["metadata"]["annotations"]["keep"], "x");
+    }
+}

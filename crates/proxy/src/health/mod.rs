@@ -1,0 +1,277 @@
+//! Server health, the node-lease heartbeat, and kubelet's local lease.
+//!
+//! Start at [`ServerStates`]: one healthy/unhealthy state per `--server-addr`, the only source of
+//! "online" for the rest of the hub (load balancing, edge routing, offline watches, readiness).
+//! [`prober`] drives it: every `--heartbeat-interval-seconds` every server is probed (yurthub
+//! stops at the first success and leaves the others stale). In edge mode the probe of one server
+//! is the node-lease renewal ([`lease`]), gated on kubelet being alive ([`kubelet`]); kubelet's own
+//! lease requests are answered locally ([`local_lease`]) and are that evidence.
+//!
+//! A server turns unhealthy on its first failed probe (after `--heartbeat-failed-retry` tries) or
+//! on a failed request; it turns healthy again after `--heartbeat-healthy-threshold` consecutive
+//! successful probes. kubelet's liveness and the servers' health are separate states: a dead
+//! kubelet stops the heartbeat, never the hub's traffic.
+
+pub mod kubelet;
+pub mod lease;
+pub mod local_lease;
+pub mod prober;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::upstream::Server;
+
+/// The prober's settings (yurthub's heartbeat flags).
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub healthy_threshold: u32,
+    pub failed_retry: u32,
+    pub probe_timeout: Duration,
+    /// Edge mode: renew the node lease (gated on kubelet) and answer kubelet's lease locally.
+    pub heartbeat: Option<HeartbeatConfig>,
+    /// Where the last healthy server list is remembered (`<root-dir>/servers.json`).
+    pub state_file: Option<PathBuf>,
+}
+
+impl Default for HealthConfig {
+    /// yurthub's defaults, without the heartbeat (cloud mode).
+    fn default() -> Self {
+        HealthConfig {
+            interval: Duration::from_secs(10),
+            healthy_threshold: 2,
+            failed_retry: 3,
+            probe_timeout: Duration::from_secs(2),
+            heartbeat: None,
+            state_file: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HeartbeatConfig {
+    pub node_name: String,
+    /// `--kubelet-health-grace-period`; also the lease's `leaseDurationSeconds`.
+    pub grace: Duration,
+    /// `--kubelet-healthz-url`; `None` when empty.
+    pub kubelet_healthz_url: Option<http::Uri>,
+}
+
+struct ServerState {
+    server: Server,
+    label: String,
+    healthy: AtomicBool,
+    /// Consecutive successful probes since the last failure.
+    streak: AtomicU32,
+}
+
+/// Health of every configured apiserver.
+pub struct ServerStates {
+    servers: Vec<ServerState>,
+    healthy_threshold: u32,
+    online: watch::Sender<bool>,
+    gauge: IntGaugeVec,
+    transitions: IntCounterVec,
+    pub(crate) probe_latency: HistogramVec,
+    cloud_online: prometheus::IntGauge,
+}
+
+impl ServerStates {
+    /// `initially_healthy[i]`: the state each server starts in (the last known good list, or
+    /// every server when nothing is remembered).
+    pub fn new(
+        servers: Vec<Server>,
+        initially_healthy: &[bool],
+        healthy_threshold: u32,
+        metrics: &Metrics,
+    ) -> ServerStates {
+        let servers: Vec<ServerState> = servers
+            .into_iter()
+            .enumerate()
+            .map(|(i, server)| ServerState {
+                label: server.label(),
+                server,
+                healthy: AtomicBool::new(initially_healthy.get(i).copied().unwrap_or(true)),
+                streak: AtomicU32::new(0),
+            })
+            .collect();
+        let states = ServerStates {
+            online: watch::Sender::new(false),
+            healthy_threshold: healthy_threshold.max(1),
+            gauge: metrics.server_healthy.clone(),
+            transitions: metrics.server_transitions.clone(),
+            probe_latency: metrics.probe_latency.clone(),
+            cloud_online: metrics.cloud_online.clone(),
+            servers,
+        };
+        for s in &states.servers {
+            states
+                .gauge
+                .with_label_values(&[s.label.as_str()])
+                .set(i64::from(s.healthy.load(Ordering::Relaxed)));
+        }
+        states.publish();
+        states
+    }
+
+    pub fn servers(&self) -> impl Iterator<Item = &Server> {
+        self.servers.iter().map(|s| &s.server)
+    }
+
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    pub fn server(&self, index: usize) -> Option<&Server> {
+        self.servers.get(index).map(|s| &s.server)
+    }
+
+    pub fn is_healthy(&self, index: usize) -> bool {
+        self.servers
+            .get(index)
+            .is_some_and(|s| s.healthy.load(Ordering::Acquire))
+    }
+
+    pub fn healthy_flags(&self) -> Vec<bool> {
+        (0..self.servers.len())
+            .map(|i| self.is_healthy(i))
+            .collect()
+    }
+
+    pub fn index_of(&self, server: &Server) -> Option<usize> {
+        self.servers.iter().position(|s| &s.server == server)
+    }
+
+    /// Any server healthy: the hub is online.
+    pub fn is_online(&self) -> bool {
+        *self.online.borrow()
+    }
+
+    /// Changes of [`Self::is_online`]; offline watches end when it turns `true`.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.online.subscribe()
+    }
+
+    /// Resolves once every server is unhealthy (at once if that is already so).
+    pub async fn went_offline(&self) {
+        let mut rx = self.online.subscribe();
+        let _ = rx.wait_for(|online| !*online).await;
+    }
+
+    /// The result of one probe (after its retries).
+    pub fn record_probe(&self, index: usize, ok: bool, cause: &str) {
+        let Some(s) = self.servers.get(index) else {
+            return;
+        };
+        if !ok {
+            s.streak.store(0, Ordering::Release);
+            self.set(s, false, cause);
+            return;
+        }
+        let streak = s.streak.fetch_add(1, Ordering::AcqRel).saturating_add(1);
+        if streak >= self.healthy_threshold {
+            self.set(s, true, "probes succeeded");
+        }
+    }
+
+    /// A request to the server failed to connect or answer: unhealthy now, until probes say
+    /// otherwise.
+    pub fn mark_failed(&self, server: &Server, cause: &str) {
+        if let Some(i) = self.index_of(server) {
+            self.record_probe(i, false, cause);
+        }
+    }
+
+    fn set(&self, s: &ServerState, healthy: bool, cause: &str) {
+        if s.healthy.swap(healthy, Ordering::AcqRel) == healthy {
+            return;
+        }
+        let to = if healthy { "healthy" } else { "unhealthy" };
+        if healthy {
+            info!(server = %s.label, "apiserver healthy");
+        } else {
+            warn!(server = %s.label, cause, "apiserver unhealthy");
+        }
+        self.gauge
+            .with_label_values(&[s.label.as_str()])
+            .set(i64::from(healthy));
+        self.transitions
+            .with_label_values(&[s.label.as_str(), to])
+            .inc();
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let online = self
+            .servers
+            .iter()
+            .any(|s| s.healthy.load(Ordering::Acquire));
+        self.cloud_online.set(i64::from(online));
+        self.online.send_if_modified(|state| {
+            let changed = *state != online;
+            if changed {
+                if online {
+                    info!("cloud reachable; serving from the apiservers");
+                } else {
+                    warn!("no apiserver healthy; edge mode serves from its cache");
+                }
+            }
+            *state = online;
+            changed
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn states(n: usize, threshold: u32) -> ServerStates {
+        let servers = (0..n)
+            .map(|i| Server::parse(&format!("127.0.0.1:{}", 1000 + i)).unwrap())
+            .collect();
+        ServerStates::new(servers, &[], threshold, &Metrics::new())
+    }
+
+    #[test]
+    fn one_failure_makes_unhealthy_threshold_successes_make_healthy() {
+        let s = states(2, 2);
+        assert!(s.is_online());
+        s.record_probe(0, false, "refused");
+        assert!(!s.is_healthy(0));
+        assert!(s.is_online(), "the other server still answers");
+        s.record_probe(1, false, "refused");
+        assert!(!s.is_online());
+        s.record_probe(0, true, "");
+        assert!(!s.is_healthy(0), "one success is not enough");
+        s.record_probe(0, false, "flap");
+        s.record_probe(0, true, "");
+        assert!(!s.is_healthy(0), "the streak restarted");
+        s.record_probe(0, true, "");
+        assert!(s.is_healthy(0));
+        assert!(s.is_online());
+    }
+
+    #[test]
+    fn remembered_states_are_the_start() {
+        let servers = (0..2)
+            .map(|i| Server::parse(&format!("127.0.0.1:{}", 2000 + i)).unwrap())
+            .collect();
+        let s = ServerStates::new(servers, &[false, true], 2, &Metrics::new());
+        assert_eq!(s.healthy_flags(), [false, true]);
+        let server = s.server(1).unwrap().clone();
+        s.mark_failed(&server, "reset");
+        assert!(!s.is_online());
+    }
+}

@@ -1,0 +1,269 @@
+//! Health end to end: the node-lease heartbeat gated on kubelet (lesson 000), no flap when kubelet
+//! calls in just before the grace period ends (lesson 001), failover between two apiservers, and
+//! the offline/online transitions within two probe intervals.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outpost_testkit::{FakeApiServer, FakeConfig};
+use serde_json::{Value, json};
+use support::{Cluster, HubProcess, NODE, get, raw_http};
+
+const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
+const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+
+/// One round of kubelet's lease loop through the hub: GET, then PUT with the version it got.
+async fn kubelet_renews(hub: &HubProcess) {
+    let got = raw_http(
+        hub.proxy,
+        format!("GET {LEASE}/{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert_eq!(got.status, 200, "{}", String::from_utf8_lossy(&got.body));
+    let mut lease = got.json();
+    lease["spec"]["renewTime"] = json!("2026-11-23T00:00:00.000000Z");
+    let body = lease.to_string();
+    let put = raw_http(
+        hub.proxy,
+        format!(
+            "PUT {LEASE}/{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", String::from_utf8_lossy(&put.body));
+}
+
+/// The hub's own lease renewals the apiserver has seen so far.
+fn renewals(fake: &FakeApiServer) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| {
+            r.user_agent.as_deref() == Some("outpost/heartbeat")
+                && r.resource == "leases"
+                && r.verb == "update"
+                && r.status == 200
+        })
+        .count()
+}
+
+fn metric(hub: &HubProcess, text: &str, name: &str) -> f64 {
+    let _ = hub;
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn metrics_text(hub: &HubProcess) -> String {
+    String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned()
+}
+
+fn start_hub(cluster: &Cluster, extra: &[&str]) -> HubProcess {
+    let mut args = cluster.hub_args();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    HubProcess::spawn(&args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_runs_only_while_kubelet_calls_in() {
+    let cluster = Cluster::start().await;
+    let hub = start_hub(&cluster, &["--kubelet-health-grace-period=3s"]);
+
+    // kubelet alive: its lease requests stay local, and the hub renews the cloud's lease.
+    cluster.fake.clear_requests();
+    let alive_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < alive_until {
+        kubelet_renews(&hub).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let while_alive = renewals(&cluster.fake);
+    assert!(
+        while_alive >= 2,
+        "renewals while kubelet calls: {while_alive}"
+    );
+    assert!(
+        cluster
+            .fake
+            .requests()
+            .iter()
+            .all(|r| r.user_agent.as_deref() != Some(KUBELET_UA) || r.verb == "get"),
+        "kubelet's lease writes never reach the apiserver"
+    );
+    let lease = cluster
+        .fake
+        .get(
+            "coordination.k8s.io/v1/leases",
+            Some("kube-node-lease"),
+            NODE,
+        )
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], NODE);
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 3);
+    assert_ne!(
+        lease["spec"]["renewTime"], "2026-11-23T00:00:00.000000Z",
+        "the cloud's lease carries the hub's renewal, not kubelet's local copy"
+    );
+    assert!(
+        cluster
+            .fake
+            .requests()
+            .iter()
+            .filter(|r| r.user_agent.as_deref() == Some("outpost/heartbeat"))
+            .all(|r| r.user == format!("system:node:{NODE}")),
+        "renewals carry the node identity"
+    );
+
+    // kubelet silent past the grace period: renewals stop, the hub stays online.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.fake.clear_requests();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        renewals(&cluster.fake),
+        0,
+        "no renewal for a silent kubelet"
+    );
+    let text = metrics_text(&hub).await;
+    assert_eq!(metric(&hub, &text, "outpost_cloud_online"), 1.0, "{text}");
+
+    // kubelet back: renewals resume within two intervals.
+    kubelet_renews(&hub).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while renewals(&cluster.fake) == 0 {
+        assert!(Instant::now() < deadline, "renewals did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Lesson 001: kubelet goes quiet and calls in again just before the grace period ends; the hub
+/// re-reads the evidence right before each renewal, so not one renewal is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_just_before_the_grace_period_ends_skips_nothing() {
+    let cluster = Cluster::start().await;
+    let hub = start_hub(&cluster, &["--kubelet-health-grace-period=4s"]);
+    kubelet_renews(&hub).await;
+    // Rounds before kubelet's first call skip (nothing vouches for it yet); count from here.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let skipped_before = metric(
+        &hub,
+        &metrics_text(&hub).await,
+        "outpost_node_lease_renewals_total{result=\"skipped\"}",
+    );
+    kubelet_renews(&hub).await;
+    for _ in 0..3 {
+        // Quiet for 3 s of a 4 s grace period: the margin absorbs a loaded test machine.
+        tokio::time::sleep(Duration::from_millis(3_000)).await;
+        kubelet_renews(&hub).await;
+    }
+    let text = metrics_text(&hub).await;
+    assert!(
+        metric(
+            &hub,
+            &text,
+            "outpost_node_lease_renewals_total{result=\"renewed\"}"
+        ) >= 6.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &hub,
+            &text,
+            "outpost_node_lease_renewals_total{result=\"skipped\"}"
+        ),
+        skipped_before,
+        "{text}\n{}",
+        hub.log_text()
+    );
+}
+
+/// Two apiservers sharing one CA; the same pod on both.
+async fn two_servers() -> (Cluster, FakeApiServer) {
+    let cluster = Cluster::start().await;
+    let second =
+        FakeApiServer::start_with_pki(FakeConfig::default(), Arc::clone(cluster.fake.pki()))
+            .await
+            .unwrap();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "busybox"}]}
+    });
+    cluster.fake.create("v1/pods", pod.clone()).unwrap();
+    second.create("v1/pods", pod).unwrap();
+    (cluster, second)
+}
+
+fn with_servers(cluster: &Cluster, second: &FakeApiServer, mode: &str) -> HubProcess {
+    let mut args: Vec<String> = cluster
+        .hub_args()
+        .into_iter()
+        .filter(|a| !a.starts_with("--server-addr="))
+        .collect();
+    args.push(format!(
+        "--server-addr={},{}",
+        cluster.fake.url(),
+        second.url()
+    ));
+    args.push(format!("--working-mode={mode}"));
+    HubProcess::spawn(&args)
+}
+
+async fn get_pod(hub: &HubProcess, ua: &str) -> (u16, Value) {
+    let resp = get(hub.proxy, "/api/v1/namespaces/default/pods/p", ua).await;
+    let body = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
+    (resp.status, body)
+}
+
+async fn wait_for_online(hub: &HubProcess, online: bool, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let text = metrics_text(hub).await;
+        if metric(hub, &text, "outpost_cloud_online") == f64::from(u8::from(online)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "online={online} not reached:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
+    let (cluster, second) = two_servers().await;
+    let hub = with_servers(&cluster, &second, "cloud");
+    // An uncached component: only failover, not the cache, can keep its reads working.
+    let ua = "e2e-client/v1.0";
+    for i in 0..40 {
+        if i == 10 {
+            cluster.fake.refuse_connections();
+        }
+        let (code, body) = get_pod(&hub, ua).await;
+        assert_eq!(code, 200, "read {i} failed: {body}");
+    }
+    let text = metrics_text(&hub).await;
+    assert!(text.contains("outpost_server_healthy{server=\""), "{text}");
+
+    // Both down: offline within two intervals; cloud mode answers 503.
+    second.refuse_connections();
+    wait_for_online(&hub, false, Duration::from_secs(3)).await;
+    let (code, body) = get_pod(&hub, ua).await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["reason"], "ServiceUnavailable");
+    let ready = get(hub.admin, "/v1/readyz", "test").await;
+    assert_eq!(
+        ready.status, 500,
+        "cloud mode with no apiserver is not ready"
+    );
+
+    // Both back: online within two intervals (the healthy threshold is 2).
+    cluster.fake.restore().await;
+    second.restore().await;
+    wait_for_online(&hub, true, Duration::from_secs(3)).await;
+    assert_eq!(get_pod(&hub, ua).await.0, 200);
+}
