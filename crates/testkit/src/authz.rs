@@ -392,7 +392,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    use crate::rbac::tests::StaticPolicy;
+    use crate::rbac::StaticPolicy;
 
     /// Pod `default/web` runs on edge-1 and uses configmap `cfg`, secret `sec`, SA `app`.
     struct Graph;

@@ -58,3 +58,15 @@ pub use outpost_core::Status;
 pub use pki::{CertPair, NodeCertFiles, TestPki};
 pub use server::{FakeApiServer, FakeConfig, TestkitError};
 pub use state::RequestRecord;
+
+/// The fake's authorization decisions as pure functions, for tests that ask "would the cluster
+/// allow this request with exactly these RBAC objects?", e.g. that a manifest's ClusterRole grants
+/// the requests a program really made, and nothing more. [`authorization::authorize`] is the
+/// whole chain the fake runs (public info, the Node authorizer over a caller-supplied
+/// [`authorization::NodeGraph`], RBAC over an [`authorization::RbacPolicy`]);
+/// [`authorization::rule_allows`] matches a single `PolicyRule`.
+pub mod authorization {
+    pub use crate::authn::UserInfo;
+    pub use crate::authz::{Attributes, Decision, NodeGraph, RefKind, authorize, node_name};
+    pub use crate::rbac::{RbacPolicy, StaticPolicy, rule_allows};
+}

@@ -5,13 +5,15 @@
 //! Roles and bindings are k8s-openapi types read through an [`RbacPolicy`] (the listers of the
 //! real authorizer), so the matching rules are unit-testable without a store. [`StorePolicy`]
 //! answers from the fake's store, so RBAC objects created over REST or with
-//! `FakeApiServer::apply_rbac` take effect on the next request. As in kube-apiserver only a
-//! ClusterRole's `rules` count: the aggregation controller that fills them from
-//! `aggregationRule` is not simulated, nor is the escalation check on writes of roles.
+//! `FakeApiServer::apply_rbac` take effect on the next request; [`StaticPolicy`] answers from
+//! objects held in memory (public, for tests that check a manifest against recorded requests).
+//! As in kube-apiserver only a ClusterRole's `rules` count: the aggregation controller that fills
+//! them from `aggregationRule` is not simulated, nor is the escalation check on writes of roles.
 
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use outpost_core::Status;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -214,6 +216,65 @@ impl RbacPolicy for StorePolicy<'_> {
     }
 }
 
+/// Roles and bindings held in memory, like the real authorizer's `StaticRoles` resolver: with
+/// [`crate::authorization::authorize`] it answers "would the cluster allow this request with
+/// exactly these RBAC objects?", e.g. for a test that checks a manifest's ClusterRole against the
+/// requests a program really made.
+#[derive(Debug, Clone, Default)]
+pub struct StaticPolicy {
+    pub cluster_roles: Vec<ClusterRole>,
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+}
+
+impl StaticPolicy {
+    /// From manifest objects (as `manifest::load_yaml` returns them), each checked as
+    /// `FakeApiServer::apply_rbac` checks it; anything else is an error.
+    pub fn from_objects(objects: &[Value]) -> Result<Self, Status> {
+        let mut p = StaticPolicy::default();
+        for o in objects {
+            match checked_gvr(o)? {
+                CLUSTER_ROLES => p.cluster_roles.push(parse(o)?),
+                CLUSTER_ROLE_BINDINGS => p.cluster_role_bindings.push(parse(o)?),
+                ROLES => p.roles.push(parse(o)?),
+                // ROLE_BINDINGS, the only other kind `checked_gvr` accepts.
+                _ => p.role_bindings.push(parse(o)?),
+            }
+        }
+        Ok(p)
+    }
+}
+
+fn ns_of(meta: &ObjectMeta) -> &str {
+    meta.namespace.as_deref().unwrap_or("")
+}
+
+fn name_of(meta: &ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or("")
+}
+
+impl RbacPolicy for StaticPolicy {
+    fn cluster_role_bindings(&self) -> Vec<ClusterRoleBinding> {
+        self.cluster_role_bindings.clone()
+    }
+
+    fn role_bindings(&self, namespace: &str) -> Vec<RoleBinding> {
+        let in_ns = |b: &&RoleBinding| ns_of(&b.metadata) == namespace;
+        self.role_bindings.iter().filter(in_ns).cloned().collect()
+    }
+
+    fn cluster_role(&self, name: &str) -> Option<ClusterRole> {
+        let named = |r: &&ClusterRole| name_of(&r.metadata) == name;
+        self.cluster_roles.iter().find(named).cloned()
+    }
+
+    fn role(&self, namespace: &str, name: &str) -> Option<Role> {
+        let named = |r: &&Role| ns_of(&r.metadata) == namespace && name_of(&r.metadata) == name;
+        self.roles.iter().find(named).cloned()
+    }
+}
+
 /// For `FakeApiServer::apply_rbac`: the object's `gvr` key, once it parses as its RBAC type and
 /// passes the checks of `ValidateClusterRoleBinding` / `ValidateRoleBinding` that matter for
 /// authorization (role reference and subject kinds), so a broken manifest fails the test loudly
@@ -307,15 +368,6 @@ pub(crate) mod tests {
 
     use super::*;
 
-    /// An in-memory policy, like the real authorizer's `StaticRoles` test resolver.
-    #[derive(Default)]
-    pub(crate) struct StaticPolicy {
-        pub cluster_roles: Vec<ClusterRole>,
-        pub cluster_role_bindings: Vec<ClusterRoleBinding>,
-        pub roles: Vec<Role>,
-        pub role_bindings: Vec<RoleBinding>,
-    }
-
     impl StaticPolicy {
         /// Objects by `kind`, unvalidated (so tests can hold what validation would refuse).
         pub(crate) fn from_json(objects: &[Value]) -> Self {
@@ -330,35 +382,6 @@ pub(crate) mod tests {
                 }
             }
             p
-        }
-    }
-
-    fn ns_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-        meta.namespace.as_deref().unwrap_or("")
-    }
-
-    fn name_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-        meta.name.as_deref().unwrap_or("")
-    }
-
-    impl RbacPolicy for StaticPolicy {
-        fn cluster_role_bindings(&self) -> Vec<ClusterRoleBinding> {
-            self.cluster_role_bindings.clone()
-        }
-
-        fn role_bindings(&self, namespace: &str) -> Vec<RoleBinding> {
-            let in_ns = |b: &&RoleBinding| ns_of(&b.metadata) == namespace;
-            self.role_bindings.iter().filter(in_ns).cloned().collect()
-        }
-
-        fn cluster_role(&self, name: &str) -> Option<ClusterRole> {
-            let named = |r: &&ClusterRole| name_of(&r.metadata) == name;
-            self.cluster_roles.iter().find(named).cloned()
-        }
-
-        fn role(&self, namespace: &str, name: &str) -> Option<Role> {
-            let named = |r: &&Role| ns_of(&r.metadata) == namespace && name_of(&r.metadata) == name;
-            self.roles.iter().find(named).cloned()
         }
     }
 
@@ -710,6 +733,36 @@ pub(crate) mod tests {
         assert_eq!(
             req("get", "pods", "default", "p").decide(&node, &policy),
             Decision::Deny("RBAC: [clusterrole.rbac.authorization.k8s.io \"gone\" not found, role.rbac.authorization.k8s.io \"absent\" not found]".into())
+        );
+    }
+
+    #[test]
+    fn static_policy_from_manifest_objects() {
+        let nodes = json!([{"apiGroup": RBAC_GROUP, "kind": "Group", "name": "system:nodes"}]);
+        let objects = [
+            cm_reader(),
+            binding(
+                "ClusterRoleBinding",
+                None,
+                "b",
+                ("ClusterRole", "cm-reader"),
+                nodes.clone(),
+            ),
+        ];
+        let policy = StaticPolicy::from_objects(&objects).unwrap();
+        let get_cm = req("get", "configmaps", "kube-system", "c");
+        assert_eq!(get_cm.decide(&node(), &policy), Decision::Allow);
+        assert_ne!(
+            req("list", "configmaps", "kube-system", "").decide(&node(), &policy),
+            Decision::Allow
+        );
+        // Checked as `apply_rbac` checks: what the apiserver would refuse is an error.
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}});
+        assert_eq!(StaticPolicy::from_objects(&[cm]).unwrap_err().code, 400);
+        let to_role = binding("ClusterRoleBinding", None, "x", ("Role", "r"), nodes);
+        assert_eq!(
+            StaticPolicy::from_objects(&[to_role]).unwrap_err().code,
+            422
         );
     }
 

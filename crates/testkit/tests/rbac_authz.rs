@@ -49,27 +49,54 @@ async fn hub_rbac_manifest_grants_the_node_its_extra_permissions() {
     let granted = node.get(HUB_CFG).await;
     assert_eq!(granted.status, 200);
     assert_eq!(granted.json()["data"]["cache_agents"], "*");
-    let per_object = node
-        .get("/api/v1/namespaces/kube-system/configmaps?fieldSelector=metadata.name%3Dyurt-hub-cfg")
+    // The hub's watch of it: by name, through a `metadata.name` field selector.
+    let by_name =
+        "/api/v1/namespaces/kube-system/configmaps?fieldSelector=metadata.name%3Dyurt-hub-cfg";
+    let watch = node
+        .open(
+            Method::GET,
+            &format!("{by_name}&watch=true&timeoutSeconds=2"),
+            None,
+            Vec::new(),
+        )
         .await;
-    assert_eq!(per_object.status, 200);
-    assert_eq!(per_object.json()["items"].as_array().unwrap().len(), 1);
-    assert_eq!(node.get("/api/v1/configmaps").await.status, 200);
+    assert_eq!(watch.status(), 200);
+    let mut body = watch.into_body();
+    let events = common::read_events(&mut body, &mut Vec::new(), 1).await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "yurt-hub-cfg");
+    drop(body);
+    let log = fake.requests();
+    let watched = log.iter().find(|r| r.verb == "watch").unwrap();
+    assert_eq!(
+        (watched.status, watched.user.as_str(), watched.name.as_str()),
+        (200, "system:node:edge-1", "yurt-hub-cfg")
+    );
+    // Nothing more: one ConfigMap, two verbs.
+    assert_eq!(
+        node.get(by_name).await.status,
+        403,
+        "the hub never lists it"
+    );
+    assert_eq!(node.get("/api/v1/configmaps").await.status, 403);
+    assert_eq!(
+        node.get("/api/v1/namespaces/kube-system/configmaps/coredns")
+            .await
+            .status,
+        403
+    );
     assert_eq!(
         node.get("/apis/discovery.k8s.io/v1/endpointslices")
             .await
             .status,
-        200
+        403
     );
     assert_eq!(
         node.get("/apis/apps.openyurt.io/v1beta1/nodepools")
             .await
             .status,
-        200
+        403
     );
-    let log = fake.requests();
-    assert_eq!(log.last().unwrap().status, 200);
-    assert_eq!(log.last().unwrap().user, "system:node:edge-1");
 
     // What RBAC does not grant is still the Node authorizer's call, with its reason.
     let unscoped = node.get("/api/v1/pods").await;
@@ -97,7 +124,7 @@ async fn hub_rbac_manifest_grants_the_node_its_extra_permissions() {
         "configmaps are read-only for the hub"
     );
     assert_eq!(node.get("/apis/apps/v1/deployments").await.status, 403);
-    // RBAC grants nodes/status patch, but NodeRestriction admission still limits it to its own.
+    // The Node authorizer allows nodes/status patch; NodeRestriction limits it to its own.
     let foreign_status = node
         .send(
             Method::PATCH,
@@ -172,7 +199,8 @@ async fn rbac_objects_created_over_rest_take_effect() {
     // SubjectAccessReview answers with the same union.
     let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
         "spec": {"user": "system:node:edge-1", "groups": ["system:nodes"],
-                 "resourceAttributes": {"verb": "list", "resource": "configmaps"}}});
+                 "resourceAttributes": {"verb": "watch", "resource": "configmaps",
+                                        "namespace": "kube-system", "name": "yurt-hub-cfg"}}});
     let sar = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
     assert_eq!(
         admin.post_json(sar, &review).await.json()["status"]["allowed"],
