@@ -267,3 +267,65 @@ async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
     wait_for_online(&hub, true, Duration::from_secs(3)).await;
     assert_eq!(get_pod(&hub, ua).await.0, 200);
 }
+
+/// Autonomy: kubelet's status PATCH while offline succeeds locally, kubelet reads its own status
+/// back from the cache, and after reconnect the cloud's node carries it (newer data only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_node_status_reaches_the_cloud_after_reconnect() {
+    let cluster = Cluster::start().await;
+    let hub = start_hub(&cluster, &[]);
+    let node_path = format!("/api/v1/nodes/{NODE}");
+    assert_eq!(get(hub.proxy, &node_path, KUBELET_UA).await.status, 200);
+
+    cluster.fake.refuse_connections();
+    wait_for_online(&hub, false, Duration::from_secs(3)).await;
+    let beat = "2030-01-01T00:00:00Z";
+    let patch = json!({"status": {
+        "$setElementOrder/conditions": [{"type": "Ready"}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kubelet is posting ready status (offline)", "lastHeartbeatTime": beat}]
+    }})
+    .to_string();
+    let resp = raw_http(
+        hub.proxy,
+        format!(
+            "PATCH {node_path}/status HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nContent-Type: application/strategic-merge-patch+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{patch}",
+            patch.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    let ready = |node: &Value| {
+        node["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(ready(&resp.json())["lastHeartbeatTime"], beat);
+    let reread = get(hub.proxy, &node_path, KUBELET_UA).await;
+    assert_eq!(reread.status, 200);
+    assert_eq!(
+        ready(&reread.json())["lastHeartbeatTime"],
+        beat,
+        "kubelet reads its own status"
+    );
+    let cloud_before = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+    assert_ne!(ready(&cloud_before)["lastHeartbeatTime"], beat);
+
+    cluster.fake.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cloud = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+        if ready(&cloud)["lastHeartbeatTime"] == beat {
+            let other_types = cloud["status"]["conditions"].as_array().unwrap().len();
+            assert!(other_types >= 1);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cloud never got the offline status: {cloud}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

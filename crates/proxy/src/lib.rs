@@ -179,11 +179,27 @@ impl Hub {
             )),
             _ => None,
         };
+        let node_status = match (&edge, &config.health.heartbeat) {
+            (Some(edge), Some(c)) => {
+                let status = Arc::new(health::node_status::NodeStatus::new(
+                    &c.node_name,
+                    edge.store().clone(),
+                ));
+                tasks.push(tokio::spawn(status.clone().replay_on_reconnect(
+                    upstream.clone(),
+                    edge.health().subscribe(),
+                    shutdown_rx.clone(),
+                )));
+                Some(status)
+            }
+            _ => None,
+        };
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),
             edge,
             local_lease,
+            node_status,
         });
         let admin = Arc::new(admin::Admin { readiness, metrics });
 

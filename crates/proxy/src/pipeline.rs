@@ -45,6 +45,8 @@ pub struct Pipeline {
     pub edge: Option<Edge>,
     /// Edge mode only: kubelet's own lease, answered locally.
     pub local_lease: Option<crate::health::local_lease::LocalLease>,
+    /// Edge mode only: kubelet's node status while offline.
+    pub node_status: Option<Arc<crate::health::node_status::NodeStatus>>,
 }
 
 impl Pipeline {
@@ -61,10 +63,15 @@ impl Pipeline {
             req.headers(),
             self.edge.as_ref(),
             self.local_lease.as_ref(),
+            self.node_status.as_deref(),
         );
         let result = match (&self.edge, route.cache.clone()) {
             _ if route.tunnel => self.tunnel(route, &info, req).await,
             _ if route.kubelet_lease => self.kubelet_lease(route, &info, req).await,
+            _ if route.kubelet_status => match &self.node_status {
+                Some(status) => status.accept(req.into_body()).await,
+                None => self.remote(route, &info, req).await,
+            },
             (Some(edge), Some(plan)) if route.local => edge.serve(plan, &info, req.headers()).await,
             _ => self.remote(route, &info, req).await,
         };

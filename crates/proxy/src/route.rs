@@ -11,6 +11,7 @@ use outpost_core::RequestInfo;
 use crate::edge::{CachePlan, Edge};
 use crate::headers;
 use crate::health::local_lease::LocalLease;
+use crate::health::node_status::NodeStatus;
 use crate::upstream::Identity;
 
 /// How one request is served.
@@ -24,6 +25,8 @@ pub struct Route {
     /// Edge mode: kubelet's own lease request, answered by the hub (the heartbeat renews the
     /// cloud's copy while kubelet keeps calling).
     pub kubelet_lease: bool,
+    /// Edge mode, offline: kubelet's node-status PATCH, kept locally and replayed on return.
+    pub kubelet_status: bool,
     /// Edge mode: the cloud is known to be unreachable and the cache can take this request, so
     /// it is answered locally without waiting for upstream. Other requests are still tried
     /// upstream (a write that could succeed is never refused on stale evidence).
@@ -36,6 +39,7 @@ pub fn decide(
     headers: &HeaderMap,
     edge: Option<&Edge>,
     local_lease: Option<&LocalLease>,
+    node_status: Option<&NodeStatus>,
 ) -> Route {
     let identity = if headers::has_bearer_token(headers) {
         Identity::Bearer
@@ -44,11 +48,13 @@ pub fn decide(
     };
     let tunnel = headers::is_upgrade_request(headers);
     let cache = edge.and_then(|e| e.plan(info, headers));
+    let offline = edge.is_some_and(Edge::is_offline);
     Route {
+        kubelet_status: !tunnel && offline && node_status.is_some_and(|n| n.handles(info)),
         identity,
         tunnel,
         kubelet_lease: !tunnel && local_lease.is_some_and(|l| l.handles(info)),
-        local: cache.is_some() && edge.is_some_and(Edge::is_offline),
+        local: cache.is_some() && offline,
         cache,
     }
 }
@@ -66,14 +72,14 @@ mod tests {
     fn bearer_callers_keep_their_identity() {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer t0k3n"));
-        let r = decide(&info("/api/v1/pods"), &h, None, None);
+        let r = decide(&info("/api/v1/pods"), &h, None, None, None);
         assert_eq!(r.identity, Identity::Bearer);
         assert!(!r.tunnel);
     }
 
     #[test]
     fn others_go_as_the_node() {
-        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None, None);
+        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None, None, None);
         assert_eq!(r.identity, Identity::Node);
     }
 
@@ -85,6 +91,7 @@ mod tests {
         let r = decide(
             &info("/api/v1/namespaces/d/pods/p/exec?command=sh"),
             &h,
+            None,
             None,
             None,
         );

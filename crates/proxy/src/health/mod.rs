@@ -5,7 +5,8 @@
 //! [`prober`] drives it: every `--heartbeat-interval-seconds` every server is probed (yurthub
 //! stops at the first success and leaves the others stale). In edge mode the probe of one server
 //! is the node-lease renewal ([`lease`]), gated on kubelet being alive ([`kubelet`]); kubelet's own
-//! lease requests are answered locally ([`local_lease`]) and are that evidence.
+//! lease requests are answered locally ([`local_lease`]) and are that evidence. While the cloud
+//! is unreachable kubelet's node-status PATCH is kept and replayed on return ([`node_status`]).
 //!
 //! A server turns unhealthy on its first failed probe (after `--heartbeat-failed-retry` tries) or
 //! on a failed request; it turns healthy again after `--heartbeat-healthy-threshold` consecutive
@@ -15,6 +16,7 @@
 pub mod kubelet;
 pub mod lease;
 pub mod local_lease;
+pub mod node_status;
 pub mod prober;
 
 use std::path::PathBuf;

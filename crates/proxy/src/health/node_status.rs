@@ -1,0 +1,354 @@
+//! kubelet's node-status PATCH while the cloud is unreachable (edge mode): accepted locally, and
+//! replayed to the cloud when it returns.
+//!
+//! kubelet computes each status patch against the node it last read, which offline is the
+//! cached node. So a patch accepted and then forgotten would be lost for good: the hub applies
+//! it to the cached node (kubelet's next GET sees its own status, and its next patch is a small
+//! diff), and remembers the node as pending. When a server turns healthy again the hub re-reads
+//! the cloud's node and sends the conditions whose `lastHeartbeatTime` is newer locally, merged
+//! into the cloud's own list — so newer cloud data is never overwritten, and the body means the
+//! same under a strategic merge patch (merge by `type`) and a JSON merge patch (list replaced).
+//!
+//! The local apply is the subset of strategic merge patch that kubelet's status patches use:
+//! maps merge, `null` deletes, `conditions` and `addresses` merge by `type`, other lists are
+//! replaced, and `$`-directives (`$setElementOrder/...`, `$patch`, `$retainKeys`) are dropped.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use outpost_cache::{Gvr, Lookup, ObjectKey, Store};
+use outpost_core::{RequestInfo, Verb};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::body::{self, BoxError, ProxyBody};
+use crate::edge::offline::{blocking, json_response};
+use crate::error::ProxyError;
+use crate::upstream::{Identity, Upstream};
+
+const MAX_BODY: usize = 1 << 20;
+const USER_AGENT: &str = "outpost/node-status";
+/// Lists in a node's status whose items strategic merge patch merges by `type`.
+const MERGED_BY_TYPE: &[&str] = &["conditions", "addresses"];
+
+/// Offline node status for one node.
+pub struct NodeStatus {
+    node: String,
+    store: Arc<dyn Store>,
+    /// The locally patched node not yet sent to the cloud.
+    pending: Mutex<Option<Value>>,
+}
+
+impl NodeStatus {
+    pub fn new(node: &str, store: Arc<dyn Store>) -> NodeStatus {
+        NodeStatus {
+            node: node.to_owned(),
+            store,
+            pending: Mutex::new(None),
+        }
+    }
+
+    /// kubelet's PATCH of its own node's status.
+    pub fn handles(&self, info: &RequestInfo) -> bool {
+        info.verb == Verb::Patch
+            && info.api_group.is_empty()
+            && info.resource == "nodes"
+            && info.subresource == "status"
+            && info.name == self.node
+            && info.component.as_deref() == Some("kubelet")
+    }
+
+    fn key(&self) -> ObjectKey {
+        ObjectKey::new("kubelet", &Gvr::new("", "v1", "nodes"), "", &self.node)
+    }
+
+    /// Applies the patch to the cached node, keeps it for the replay, answers like the apiserver.
+    pub async fn accept<B>(&self, body: B) -> Result<Response<ProxyBody>, ProxyError>
+    where
+        B: http_body::Body<Data = Bytes> + Send,
+        B::Error: Into<BoxError>,
+    {
+        let bytes = Limited::new(body, MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| ProxyError::InvalidRequest(format!("status patch body: {e}")))?
+            .to_bytes();
+        let patch: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ProxyError::InvalidRequest(format!("status patch is not JSON: {e}")))?;
+        let key = self.key();
+        let Lookup::Found(cached) = blocking(&self.store, move |s| s.get(&key)).await? else {
+            return Err(ProxyError::Offline(format!(
+                "node {} is not cached, so its status cannot be kept until the cloud is back",
+                self.node
+            )));
+        };
+        let mut node: Value = serde_json::from_slice(&cached.bytes)
+            .map_err(|e| ProxyError::Cache(format!("cached node: {e}")))?;
+        strategic_merge(&mut node, &patch);
+        let stored = node.to_string();
+        let to_store = stored.clone();
+        blocking(&self.store, move |s| {
+            s.put_object("kubelet", &Gvr::new("", "v1", "nodes"), to_store.as_bytes())
+        })
+        .await?;
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
+        Ok(json_response(stored, "application/json"))
+    }
+
+    /// Replays pending status each time the cloud comes back, until `shutdown`.
+    pub async fn replay_on_reconnect(
+        self: Arc<Self>,
+        upstream: Arc<Upstream>,
+        mut online: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                changed = online.changed() => if changed.is_err() { return },
+                _ = shutdown.changed() => return,
+            }
+            if !*online.borrow_and_update() {
+                continue;
+            }
+            let pending = self
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let Some(local) = pending else {
+                continue;
+            };
+            match self.replay(&upstream, &local).await {
+                Ok(sent) => {
+                    info!(conditions = sent, "offline node status sent to the cloud");
+                    let mut guard = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    if guard.as_ref() == Some(&local) {
+                        *guard = None;
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "offline node status not sent; kubelet's next update will carry it")
+                }
+            }
+        }
+    }
+
+    /// Re-reads the cloud's node and sends the locally newer conditions; returns how many.
+    async fn replay(&self, upstream: &Upstream, local: &Value) -> Result<usize, String> {
+        let server = upstream.pick().ok_or("no healthy apiserver")?;
+        let path = format!("/api/v1/nodes/{}", self.node);
+        let (status, body) = call(upstream, server, Method::GET, &path, None).await?;
+        if status != StatusCode::OK {
+            return Err(format!("node read answered {status}"));
+        }
+        let cloud: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let (merged, newer) = newer_conditions(&cloud, local);
+        if newer == 0 {
+            return Ok(0);
+        }
+        let patch = json!({ "status": { "conditions": merged } });
+        let (status, _) = call(
+            upstream,
+            server,
+            Method::PATCH,
+            &format!("{path}/status"),
+            Some(patch),
+        )
+        .await?;
+        if status != StatusCode::OK {
+            return Err(format!("status patch answered {status}"));
+        }
+        Ok(newer)
+    }
+}
+
+/// The cloud's conditions with each one replaced by the local one of the same `type` when that
+/// has a newer `lastHeartbeatTime` (RFC 3339 in UTC compares as text); local-only types added.
+fn newer_conditions(cloud: &Value, local: &Value) -> (Vec<Value>, usize) {
+    let mut merged: Vec<Value> = cloud["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut newer = 0;
+    for cond in local["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let beat = |c: &Value| c["lastHeartbeatTime"].as_str().unwrap_or("").to_owned();
+        match merged.iter_mut().find(|c| c["type"] == cond["type"]) {
+            Some(existing) if beat(cond) > beat(existing) => {
+                *existing = cond.clone();
+                newer += 1;
+            }
+            Some(_) => {}
+            None => {
+                merged.push(cond.clone());
+                newer += 1;
+            }
+        }
+    }
+    (merged, newer)
+}
+
+async fn call(
+    upstream: &Upstream,
+    server: &crate::upstream::Server,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<(StatusCode, Bytes), String> {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::USER_AGENT, USER_AGENT)
+        .header(http::header::ACCEPT, "application/json");
+    let body = match body {
+        Some(v) => {
+            builder = builder.header(
+                http::header::CONTENT_TYPE,
+                "application/strategic-merge-patch+json",
+            );
+            body::full(v.to_string())
+        }
+        None => body::empty(),
+    };
+    let req = builder.body(body).map_err(|e| e.to_string())?;
+    let timeout = Duration::from_secs(10);
+    let resp = upstream
+        .send(server, Identity::Node, req, timeout)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, bytes))
+}
+
+/// The strategic-merge-patch subset described in the module doc.
+pub fn strategic_merge(target: &mut Value, patch: &Value) {
+    let Some(patch) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let target = target.as_object_mut().expect("made an object above");
+    for (key, value) in patch {
+        if key.starts_with('$') {
+            continue;
+        }
+        match value {
+            Value::Null => {
+                target.remove(key);
+            }
+            Value::Array(items) if MERGED_BY_TYPE.contains(&key.as_str()) => {
+                let list = target.entry(key.clone()).or_insert_with(|| json!([]));
+                merge_by_type(list, items);
+            }
+            Value::Object(_) => {
+                strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value)
+            }
+            other => {
+                target.insert(key.clone(), other.clone());
+            }
+        }
+    }
+}
+
+fn merge_by_type(list: &mut Value, items: &[Value]) {
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    let list = list.as_array_mut().expect("made an array above");
+    for item in items {
+        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
+            list.retain(|existing| existing["type"] != item["type"]);
+            continue;
+        }
+        match list
+            .iter_mut()
+            .find(|existing| existing["type"] == item["type"])
+        {
+            Some(existing) => strategic_merge(existing, item),
+            None => {
+                let mut fresh = Value::Null;
+                strategic_merge(&mut fresh, item);
+                list.push(fresh);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> Value {
+        json!({"kind":"Node","metadata":{"name":"edge-1","resourceVersion":"5"},
+            "status":{"conditions":[
+                {"type":"Ready","status":"True","lastHeartbeatTime":"2026-11-23T10:00:00Z"},
+                {"type":"MemoryPressure","status":"False","lastHeartbeatTime":"2026-11-23T10:00:00Z"}],
+              "addresses":[{"type":"InternalIP","address":"10.0.0.1"}],
+              "images":[{"names":["a"]}]}})
+    }
+
+    #[test]
+    fn kubelets_status_patch_merges_conditions_by_type() {
+        let mut n = node();
+        let patch = json!({"status":{
+            "$setElementOrder/conditions":[{"type":"MemoryPressure"},{"type":"Ready"}],
+            "conditions":[{"type":"Ready","status":"False","lastHeartbeatTime":"2026-11-23T10:01:00Z"}],
+            "images":[{"names":["b"]}]}});
+        strategic_merge(&mut n, &patch);
+        let conds = n["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conds.len(), 2, "merged by type, nothing lost");
+        assert_eq!(conds[0]["status"], "False");
+        assert_eq!(conds[0]["lastHeartbeatTime"], "2026-11-23T10:01:00Z");
+        assert_eq!(conds[1]["type"], "MemoryPressure");
+        assert_eq!(
+            n["status"]["images"],
+            json!([{"names":["b"]}]),
+            "other lists are replaced"
+        );
+        assert_eq!(n["status"]["addresses"][0]["address"], "10.0.0.1");
+        assert!(n["status"].get("$setElementOrder/conditions").is_none());
+        strategic_merge(&mut n, &json!({"status":{"addresses":null}}));
+        assert!(n["status"].get("addresses").is_none());
+    }
+
+    #[test]
+    fn only_newer_local_conditions_are_sent() {
+        let cloud = node();
+        let mut local = node();
+        strategic_merge(
+            &mut local,
+            &json!({"status":{"conditions":[
+                {"type":"Ready","status":"False","lastHeartbeatTime":"2026-11-23T10:05:00Z"},
+                {"type":"MemoryPressure","status":"True","lastHeartbeatTime":"2026-11-23T09:00:00Z"},
+                {"type":"PIDPressure","status":"False","lastHeartbeatTime":"2026-11-23T10:05:00Z"}]}}),
+        );
+        let (merged, newer) = newer_conditions(&cloud, &local);
+        assert_eq!(
+            newer, 2,
+            "Ready is newer, PIDPressure is new, MemoryPressure is older"
+        );
+        let by_type = |t: &str| merged.iter().find(|c| c["type"] == t).unwrap().clone();
+        assert_eq!(by_type("Ready")["status"], "False");
+        assert_eq!(
+            by_type("MemoryPressure")["status"],
+            "False",
+            "newer cloud data kept"
+        );
+        assert_eq!(by_type("PIDPressure")["status"], "False");
+    }
+}
