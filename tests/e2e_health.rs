@@ -329,3 +329,43 @@ async fn offline_node_status_reaches_the_cloud_after_reconnect() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The Autonomy condition honours the recommended `autonomy-duration` annotation (yurthub only
+/// reads the deprecated one) and follows the annotation when it changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_autonomy_condition_follows_the_node_annotations() {
+    let cluster = Cluster::start().await;
+    let mut node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+    node["metadata"]["annotations"]["node.openyurt.io/autonomy-duration"] = json!("0");
+    cluster.fake.update("v1/nodes", node).unwrap();
+    let _hub = start_hub(&cluster, &[]);
+    let autonomy = || {
+        let node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+        node["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Autonomy").cloned())
+            .unwrap_or(Value::Null)
+    };
+    let wait_for = |status: &'static str| async move {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while autonomy()["status"] != status {
+            assert!(
+                Instant::now() < deadline,
+                "Autonomy never {status}: {}",
+                autonomy()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    wait_for("True").await;
+    assert_eq!(autonomy()["reason"], "autonomy enabled successfully");
+
+    let mut node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+    node["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("node.openyurt.io/autonomy-duration");
+    cluster.fake.update("v1/nodes", node).unwrap();
+    wait_for("False").await;
+    assert_eq!(autonomy()["reason"], "autonomy disabled");
+}

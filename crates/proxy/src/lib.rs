@@ -190,6 +190,11 @@ impl Hub {
                     edge.health().subscribe(),
                     shutdown_rx.clone(),
                 )));
+                tasks.push(tokio::spawn(status.clone().maintain_autonomy(
+                    upstream.clone(),
+                    config.health.interval,
+                    shutdown_rx.clone(),
+                )));
                 Some(status)
             }
             _ => None,

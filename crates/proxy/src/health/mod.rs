@@ -13,6 +13,7 @@
 //! successful probes. kubelet's liveness and the servers' health are separate states: a dead
 //! kubelet stops the heartbeat, never the hub's traffic.
 
+pub mod autonomy;
 pub mod kubelet;
 pub mod lease;
 pub mod local_lease;

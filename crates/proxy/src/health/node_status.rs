@@ -25,6 +25,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::autonomy;
 use crate::body::{self, BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
@@ -135,6 +136,60 @@ impl NodeStatus {
                 }
             }
         }
+    }
+
+    /// Keeps the cloud node's `Autonomy` condition right, once per `interval` while online.
+    pub async fn maintain_autonomy(
+        self: Arc<Self>,
+        upstream: Arc<Upstream>,
+        interval: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        let mut cache_failures = 0u32;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.changed() => return,
+            }
+            cache_failures = if self.store.health().degraded {
+                cache_failures.saturating_add(1)
+            } else {
+                0
+            };
+            if !upstream.states().is_online() {
+                continue;
+            }
+            if let Err(e) = self.sync_autonomy(&upstream, cache_failures).await {
+                warn!(error = %e, "cannot update the Autonomy node condition");
+            }
+        }
+    }
+
+    async fn sync_autonomy(&self, upstream: &Upstream, cache_failures: u32) -> Result<(), String> {
+        let server = upstream.pick().ok_or("no healthy apiserver")?;
+        let path = format!("/api/v1/nodes/{}", self.node);
+        let (status, body) = call(upstream, server, Method::GET, &path, None).await?;
+        if status != StatusCode::OK {
+            return Err(format!("node read answered {status}"));
+        }
+        let node: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let Some(conditions) = autonomy::updated_conditions(&node, cache_failures) else {
+            return Ok(());
+        };
+        let patch = json!({ "status": { "conditions": conditions } });
+        let (status, _) = call(
+            upstream,
+            server,
+            Method::PATCH,
+            &format!("{path}/status"),
+            Some(patch),
+        )
+        .await?;
+        if status != StatusCode::OK {
+            return Err(format!("status patch answered {status}"));
+        }
+        info!(node = %self.node, "Autonomy node condition updated");
+        Ok(())
     }
 
     /// Re-reads the cloud's node and sends the locally newer conditions; returns how many.
