@@ -255,17 +255,61 @@ async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
     let (code, body) = get_pod(&hub, ua).await;
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["reason"], "ServiceUnavailable");
-    let ready = get(hub.admin, "/v1/readyz", "test").await;
-    assert_eq!(
-        ready.status, 500,
-        "cloud mode with no apiserver is not ready"
-    );
+    // Cloud mode with no apiserver is not ready (once that has lasted two intervals).
+    let ready = until_readyz(&hub, 500, "[-]cloud failed").await;
+    assert!(ready.contains("0 of 2 apiservers healthy"), "{ready}");
 
     // Both back: online within two intervals (the healthy threshold is 2).
     cluster.fake.restore().await;
     second.restore().await;
     wait_for_online(&hub, true, Duration::from_secs(3)).await;
     assert_eq!(get_pod(&hub, ua).await.0, 200);
+    until_readyz(&hub, 200, "[+]cloud ok").await;
+}
+
+/// Polls `/v1/readyz` (bounded) until it answers `code` with `needle` in its body.
+async fn until_readyz(hub: &HubProcess, code: u16, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = get(hub.admin, "/v1/readyz", "test").await;
+        let body = String::from_utf8_lossy(&resp.body).into_owned();
+        if resp.status == code && body.contains(needle) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readyz never {code} with {needle:?}:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Lesson 002: a hub whose RBAC is missing cannot read its configuration; readiness names it,
+/// and recovers once the grant is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_configuration_it_cannot_read() {
+    let cluster = Cluster::start().await;
+    cluster
+        .fake
+        .delete(
+            "rbac.authorization.k8s.io/v1/clusterrolebindings",
+            None,
+            "outpost",
+        )
+        .expect("the e2e cluster carries the hub's binding");
+    let hub = start_hub(&cluster, &[]);
+    let body = until_readyz(&hub, 500, "[-]config failed").await;
+    assert!(body.contains("403"), "{body}");
+    assert!(body.contains("[+]cloud ok"), "{body}");
+
+    let rbac = outpost_testkit::manifest::load_yaml(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../manifests/cluster/rbac.yaml"
+    ))
+    .unwrap();
+    cluster.fake.apply_rbac(&rbac).unwrap();
+    let body = until_readyz(&hub, 200, "[+]config ok").await;
+    assert!(body.contains("readyz check passed"), "{body}");
 }
 
 /// Autonomy: kubelet's status PATCH while offline succeeds locally, kubelet reads its own status

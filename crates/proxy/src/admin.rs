@@ -2,11 +2,16 @@
 //!
 //! - `GET /v1/healthz`: `200 OK` while the process runs (liveness).
 //! - `GET /v1/readyz`: `200` only when every readiness check passes; the body lists each check in
-//!   kube-apiserver's `[+]name ok` / `[-]name failed: reason` style; `?verbose` adds details.
+//!   kube-apiserver's `[+]name ok` / `[-]name failed: reason` style with the time its state began;
+//!   `?verbose` adds details. A degraded check (offline and serving from the cache, a cache that
+//!   cannot persist) passes and says so. A check must fail for [`Readiness::flap_guard`] before it
+//!   is reported failed, so one failed probe does not flap readiness. Readiness never gates
+//!   requests, so the hub's own traffic cannot deadlock on it at start-up.
 //! - `GET /metrics`: Prometheus text exposition.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -14,6 +19,8 @@ use outpost_certs::IdentityInfo;
 
 use crate::body::{self, ProxyBody};
 use crate::health::ServerStates;
+use crate::health::lease::micro_time;
+use crate::hubcfg::SyncState;
 use crate::metrics::Metrics;
 
 /// A storage call running longer than this means sled is stuck (see `outpost_cache::Health`).
@@ -52,6 +59,20 @@ pub struct Readiness {
     pub servers: Option<Arc<ServerStates>>,
     /// Edge mode: with no server healthy the cache serves, so the hub is degraded, not unready.
     pub edge: bool,
+    /// Whether `yurt-hub-cfg` has been read.
+    pub config: Option<tokio::sync::watch::Receiver<SyncState>>,
+    /// How long a check must fail before readiness reports it (two probe intervals).
+    pub flap_guard: Duration,
+    /// Per check: the reported state, since when, and since when it has been failing.
+    pub history: Mutex<HashMap<&'static str, Tracked>>,
+}
+
+/// One check's reported state over time.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    ok: bool,
+    since: SystemTime,
+    failing_since: Option<Instant>,
 }
 
 impl Readiness {
@@ -63,7 +84,60 @@ impl Readiness {
                 .map(|c| cache_check(c, self.cache_volatile.as_deref())),
         );
         checks.extend(self.servers.as_deref().map(|s| servers_check(s, self.edge)));
+        checks.extend(self.config.as_ref().map(|c| self.config_check(&c.borrow())));
         checks
+    }
+
+    fn config_check(&self, state: &SyncState) -> CheckResult {
+        let offline = self.servers.as_deref().is_some_and(|s| !s.is_online());
+        match state {
+            SyncState::Synced { source } => {
+                CheckResult::new("config", true, format!("yurt-hub-cfg read from {source}"))
+            }
+            _ if offline => {
+                let mut check = CheckResult::new("config", true, String::new());
+                check.degraded = true;
+                check.detail = "yurt-hub-cfg never read (cloud unreachable); defaults apply".into();
+                check
+            }
+            SyncState::Pending => {
+                CheckResult::new("config", false, "yurt-hub-cfg not read yet".into())
+            }
+            SyncState::Failing { cause } => CheckResult::new("config", false, cause.clone()),
+        }
+    }
+
+    /// The checks as reported: failures only once they have lasted `flap_guard`, each with the
+    /// time its reported state began.
+    pub fn reported(&self, now: SystemTime) -> Vec<(CheckResult, SystemTime)> {
+        let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        self.checks(now)
+            .into_iter()
+            .map(|mut check| {
+                let tracked = history.entry(check.name).or_insert(Tracked {
+                    ok: true,
+                    since: now,
+                    failing_since: None,
+                });
+                if check.ok {
+                    tracked.failing_since = None;
+                } else {
+                    let failing_since = *tracked.failing_since.get_or_insert_with(Instant::now);
+                    if failing_since.elapsed() < self.flap_guard {
+                        check.ok = true;
+                        check.degraded = true;
+                        check.detail =
+                            format!("failing for under {:?}: {}", self.flap_guard, check.detail);
+                    }
+                }
+                if tracked.ok != check.ok {
+                    tracked.ok = check.ok;
+                    tracked.since = now;
+                }
+                let since = tracked.since;
+                (check, since)
+            })
+            .collect()
     }
 
     fn certificate_check(&self, now: SystemTime) -> CheckResult {
@@ -156,17 +230,26 @@ impl Admin {
     }
 
     fn readyz(&self, verbose: bool) -> Response<ProxyBody> {
-        let checks = self.readiness.checks(SystemTime::now());
-        let ready = checks.iter().all(|c| c.ok);
+        let checks = self.readiness.reported(SystemTime::now());
+        let ready = checks.iter().all(|(c, _)| c.ok);
         let mut out = String::new();
-        for c in &checks {
+        for (c, since) in &checks {
+            let since = micro_time(*since);
+            let since = since.split('.').next().unwrap_or(&since);
             match (c.ok, verbose) {
-                (true, _) if c.degraded => {
-                    out.push_str(&format!("[+]{} degraded: {}\n", c.name, c.detail))
-                }
-                (true, false) => out.push_str(&format!("[+]{} ok\n", c.name)),
-                (true, true) => out.push_str(&format!("[+]{} ok: {}\n", c.name, c.detail)),
-                (false, _) => out.push_str(&format!("[-]{} failed: {}\n", c.name, c.detail)),
+                (true, _) if c.degraded => out.push_str(&format!(
+                    "[+]{} degraded: {} (since {since}Z)\n",
+                    c.name, c.detail
+                )),
+                (true, false) => out.push_str(&format!("[+]{} ok (since {since}Z)\n", c.name)),
+                (true, true) => out.push_str(&format!(
+                    "[+]{} ok: {} (since {since}Z)\n",
+                    c.name, c.detail
+                )),
+                (false, _) => out.push_str(&format!(
+                    "[-]{} failed: {} (since {since}Z)\n",
+                    c.name, c.detail
+                )),
             }
         }
         out.push_str(if ready {
@@ -206,6 +289,37 @@ mod tests {
         }
     }
 
+    fn readiness(valid_for: Duration, flap_guard: Duration) -> Readiness {
+        Readiness {
+            identity: identity(valid_for),
+            cache: None,
+            cache_volatile: None,
+            servers: None,
+            edge: false,
+            config: None,
+            flap_guard,
+            history: Mutex::default(),
+        }
+    }
+
+    #[test]
+    fn a_failure_is_reported_only_once_it_has_lasted() {
+        let r = readiness(Duration::ZERO, Duration::from_secs(3600));
+        let (check, _) = r.reported(SystemTime::now()).remove(0);
+        assert!(check.ok && check.degraded, "{check:?}");
+        assert!(
+            check.detail.contains("failing for under"),
+            "{}",
+            check.detail
+        );
+        let r = readiness(Duration::ZERO, Duration::ZERO);
+        let first = SystemTime::now();
+        let (check, since) = r.reported(first).remove(0);
+        assert!(!check.ok);
+        let (_, still) = r.reported(first + Duration::from_secs(5)).remove(0);
+        assert_eq!(since, still, "since marks the change, not the probe");
+    }
+
     #[test]
     fn certificate_check_passes_then_fails_after_expiry() {
         let r = Readiness {
@@ -214,6 +328,9 @@ mod tests {
             cache_volatile: None,
             servers: None,
             edge: false,
+            config: None,
+            flap_guard: Duration::ZERO,
+            history: Mutex::default(),
         };
         assert!(r.checks(SystemTime::now())[0].ok);
         let later = SystemTime::now() + Duration::from_secs(7200);

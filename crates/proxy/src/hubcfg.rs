@@ -65,12 +65,24 @@ struct WatchEvent {
     object: serde_json::Value,
 }
 
+/// Whether the configuration has been read, for readiness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SyncState {
+    /// Nothing read yet, and no error either.
+    Pending,
+    /// Read from the cloud or from the cached copy.
+    Synced { source: String },
+    /// Never read, and the last attempt failed (an RBAC 403, say).
+    Failing { cause: String },
+}
+
 /// Keeps `yurt-hub-cfg` in sync and publishes each change.
 pub struct ConfigWatch {
     namespace: String,
     upstream: Arc<Upstream>,
     store: Option<Arc<dyn Store>>,
     tx: watch::Sender<Arc<HubCfg>>,
+    state: watch::Sender<SyncState>,
 }
 
 impl ConfigWatch {
@@ -84,7 +96,13 @@ impl ConfigWatch {
             upstream,
             store,
             tx: watch::Sender::new(Arc::new(HubCfg::default())),
+            state: watch::Sender::new(SyncState::Pending),
         }
+    }
+
+    /// Whether the configuration has been read (see [`SyncState`]).
+    pub fn sync_state(&self) -> watch::Receiver<SyncState> {
+        self.state.subscribe()
     }
 
     pub fn subscribe(&self) -> watch::Receiver<Arc<HubCfg>> {
@@ -106,6 +124,15 @@ impl ConfigWatch {
                 Ok(()) => backoff = Duration::from_secs(1),
                 Err(e) => {
                     debug!(error = %e, "yurt-hub-cfg sync failed; retrying");
+                    self.state.send_if_modified(|state| match state {
+                        SyncState::Synced { .. } => false,
+                        _ => {
+                            *state = SyncState::Failing {
+                                cause: e.to_string(),
+                            };
+                            true
+                        }
+                    });
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
@@ -133,7 +160,11 @@ impl ConfigWatch {
                 self.publish(HubCfg::default(), "cloud (no ConfigMap)");
                 String::new()
             }
-            other => return Err(bad_reply(format!("GET {path} answered {other}"))),
+            other => {
+                return Err(bad_reply(format!(
+                    "GET {path} answered {other} (check the hub's RBAC in manifests/)"
+                )));
+            }
         };
         let watch_path = format!(
             "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{NAME}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={rv}",
@@ -179,6 +210,9 @@ impl ConfigWatch {
     }
 
     fn publish(&self, cfg: HubCfg, source: &str) {
+        self.state.send_replace(SyncState::Synced {
+            source: source.to_owned(),
+        });
         self.tx.send_if_modified(|current| {
             if **current == cfg {
                 return false;

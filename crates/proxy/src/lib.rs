@@ -145,12 +145,15 @@ impl Hub {
             _ => None,
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let readiness = admin::Readiness {
+        let mut readiness = admin::Readiness {
             identity,
             cache: edge.as_ref().map(|e| e.store().clone()),
             cache_volatile: volatile,
             servers: Some(states.clone()),
             edge: edge.is_some(),
+            config: None,
+            flap_guard: config.health.interval * 2,
+            history: std::sync::Mutex::default(),
         };
         let mut tasks = vec![tokio::spawn(health::prober::run(
             states,
@@ -171,6 +174,7 @@ impl Hub {
                 edge.policy().clone(),
             )));
         }
+        readiness.config = Some(cfg_watch.sync_state());
         tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
         let local_lease = match (&heartbeat, &config.health.heartbeat) {
             (Some(hb), Some(c)) => Some(health::local_lease::LocalLease::new(
