@@ -64,7 +64,13 @@ async fn metrics_text(hub: &HubProcess) -> String {
 }
 
 fn start_hub(cluster: &Cluster, extra: &[&str]) -> HubProcess {
-    let mut args = cluster.hub_args();
+    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
+    let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
+    let mut args: Vec<String> = cluster
+        .hub_args()
+        .into_iter()
+        .filter(|a| !overridden.contains(&flag(a)))
+        .collect();
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     HubProcess::spawn(&args)
 }
@@ -412,4 +418,94 @@ async fn the_autonomy_condition_follows_the_node_annotations() {
     cluster.fake.update("v1/nodes", node).unwrap();
     wait_for("False").await;
     assert_eq!(autonomy()["reason"], "autonomy disabled");
+}
+
+/// A kubelet health endpoint answering whatever `code` holds; aborted by the caller.
+async fn fake_kubelet_healthz(
+    code: Arc<std::sync::atomic::AtomicU16>,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf).await;
+            let code = code.load(std::sync::atomic::Ordering::SeqCst);
+            let reply =
+                format!("HTTP/1.1 {code} X\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+            let _ = conn.write_all(reply.as_bytes()).await;
+        }
+    });
+    (addr, task)
+}
+
+fn renewed(hub: &HubProcess, text: &str) -> f64 {
+    metric(
+        hub,
+        text,
+        "outpost_node_lease_renewals_total{result=\"renewed\"}",
+    )
+}
+
+/// kubelet keeps calling while `for_how_long` passes.
+async fn kubelet_calls_for(hub: &HubProcess, for_how_long: Duration) {
+    let until = Instant::now() + for_how_long;
+    while Instant::now() < until {
+        kubelet_renews(hub).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// kubelet's health endpoint fails while kubelet keeps calling its lease: kubelet is alive and
+/// reports its own conditions, so the hub keeps renewing (a vanilla node's lease would stay
+/// fresh too), exports `outpost_kubelet_healthz_ok 0` and logs it. A kubelet that comes back
+/// after a quiet period while its endpoint fails is not trusted: renewals resume only once the
+/// endpoint answers OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_kubelet_healthz_with_lease_calls_keeps_renewing() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let cluster = Cluster::start().await;
+    let code = Arc::new(AtomicU16::new(200));
+    let (healthz, server) = fake_kubelet_healthz(code.clone()).await;
+    let url = format!("--kubelet-healthz-url=http://{healthz}/healthz");
+    let hub = start_hub(&cluster, &["--kubelet-health-grace-period=3s", &url]);
+    kubelet_calls_for(&hub, Duration::from_secs(2)).await;
+    let before = renewed(&hub, &metrics_text(&hub).await);
+    assert!(before >= 1.0, "renewing while healthy");
+
+    code.store(500, Ordering::SeqCst);
+    kubelet_calls_for(&hub, Duration::from_secs(3)).await;
+    let text = metrics_text(&hub).await;
+    assert_eq!(
+        metric(&hub, &text, "outpost_kubelet_healthz_ok"),
+        0.0,
+        "{text}"
+    );
+    assert!(
+        renewed(&hub, &text) >= before + 2.0,
+        "lease calls continue, so do renewals: {text}"
+    );
+    assert!(
+        hub.log_text()
+            .contains("health endpoint fails while it keeps calling")
+    );
+
+    // Quiet past the grace period, then back with the endpoint still failing: no renewal.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stopped = renewed(&hub, &metrics_text(&hub).await);
+    kubelet_calls_for(&hub, Duration::from_secs(2)).await;
+    assert_eq!(
+        renewed(&hub, &metrics_text(&hub).await),
+        stopped,
+        "not trusted on return"
+    );
+
+    code.store(200, Ordering::SeqCst);
+    kubelet_calls_for(&hub, Duration::from_secs(2)).await;
+    assert!(
+        renewed(&hub, &metrics_text(&hub).await) > stopped,
+        "resumed once healthy"
+    );
+    server.abort();
 }
