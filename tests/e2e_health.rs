@@ -509,3 +509,62 @@ async fn a_failing_kubelet_healthz_with_lease_calls_keeps_renewing() {
     );
     server.abort();
 }
+
+/// A missing cloud lease is created by the heartbeat, owned by the Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_creates_a_missing_lease_owned_by_the_node() {
+    let cluster = Cluster::start().await;
+    let lease_gvr = "coordination.k8s.io/v1/leases";
+    kubelet_lease_deleted(&cluster, lease_gvr);
+    let hub = start_hub(&cluster, &[]);
+    // kubelet's own lease loop: the local copy is created by kubelet's POST.
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": NODE, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": NODE, "leaseDurationSeconds": 40}})
+    .to_string();
+    let created = raw_http(
+        hub.proxy,
+        format!(
+            "POST {LEASE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{lease}",
+            lease.len()
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let cloud = loop {
+        if let Some(lease) = cluster.fake.get(lease_gvr, Some("kube-node-lease"), NODE) {
+            break lease;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the heartbeat never created the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+    let owner = &cloud["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Node");
+    assert_eq!(owner["name"], NODE);
+    assert_eq!(owner["uid"], node["metadata"]["uid"]);
+    assert_eq!(cloud["spec"]["holderIdentity"], NODE);
+}
+
+fn kubelet_lease_deleted(cluster: &Cluster, gvr: &str) {
+    if cluster
+        .fake
+        .get(gvr, Some("kube-node-lease"), NODE)
+        .is_some()
+    {
+        cluster
+            .fake
+            .delete(gvr, Some("kube-node-lease"), NODE)
+            .unwrap();
+    }
+}
