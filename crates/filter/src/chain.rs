@@ -1,0 +1,279 @@
+//! [`Chain`]: the filters for one request, applied to response bytes.
+//!
+//! Three entry points, one per body shape: [`Chain::filter_object`] (GET, PATCH),
+//! [`Chain::filter_list`] (LIST) and [`Chain::filter_event`] (one line of a WATCH stream). Each
+//! object is first read as a [`Head`]; only when a filter asks for it is it decoded into a
+//! `serde_json::Value`. The result is [`Outcome::Unchanged`] unless some object really changed or
+//! was dropped, and a rebuilt list or event keeps every untouched object as its original bytes.
+
+use std::fmt;
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::filter::{Filter, Peek, Verdict};
+use crate::head::Head;
+use crate::splice::{Rewrite, splice, splice_items};
+use crate::{DecodeError, FilterContext};
+
+/// What became of a response body.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send the original bytes.
+    Unchanged,
+    /// Send these bytes instead.
+    Replaced(Bytes),
+    /// The body is not the JSON the chain expects: send the original bytes (and count it).
+    Undecodable(DecodeError),
+}
+
+impl Outcome {
+    /// The bytes to send, given the original body.
+    pub fn into_bytes(self, original: Bytes) -> Bytes {
+        match self {
+            Outcome::Replaced(bytes) => bytes,
+            Outcome::Unchanged | Outcome::Undecodable(_) => original,
+        }
+    }
+}
+
+/// The filters that apply to one request, in application order, and the kind of object its
+/// responses carry. Cheap to clone; holds no side data (pass a [`FilterContext`] per call, so a
+/// long watch sees side-data changes).
+#[derive(Clone)]
+pub struct Chain {
+    filters: Vec<&'static dyn Filter>,
+    kind: &'static str,
+    /// Whether some filter peeks at `spec.type`, so heads are read up to `spec`, not just up to
+    /// `metadata`.
+    reads_spec: bool,
+}
+
+impl Chain {
+    /// At most this many filters: [`Chain::apply`] tracks them in a bit mask.
+    const MAX_FILTERS: usize = 32;
+
+    pub(crate) fn new(kind: &'static str) -> Chain {
+        Chain {
+            filters: Vec::new(),
+            kind,
+            reads_spec: false,
+        }
+    }
+
+    pub(crate) fn push(&mut self, filter: &'static dyn Filter) {
+        assert!(
+            self.filters.len() < Self::MAX_FILTERS,
+            "too many filters in one chain"
+        );
+        self.reads_spec |= filter.peeks_at_spec_type();
+        self.filters.push(filter);
+    }
+
+    /// The filters' names, in application order (for logs and metrics).
+    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.filters.iter().map(|f| f.name())
+    }
+
+    /// The kind of the objects the chain filters (`Service`, `EndpointSlice`…).
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// Filters a single-object body (GET, PATCH). An object a filter drops is sent unchanged,
+    /// as yurthub does: a GET has no way to say "filtered out" short of a made-up 404.
+    pub fn filter_object(&self, body: &[u8], ctx: &FilterContext) -> Outcome {
+        let result = std::str::from_utf8(body)
+            .map_err(DecodeError::from)
+            .and_then(|raw| self.apply(raw, ctx));
+        match result {
+            Ok(Rewrite::Replace(new)) => Outcome::Replaced(Bytes::from(new)),
+            Ok(Rewrite::Keep | Rewrite::Drop) => Outcome::Unchanged,
+            Err(e) => Outcome::Undecodable(e),
+        }
+    }
+
+    /// Filters a list body (LIST): each item is kept, rewritten or removed. Untouched items,
+    /// and everything around `items`, are copied as they came.
+    pub fn filter_list(&self, body: &[u8], ctx: &FilterContext) -> Outcome {
+        match std::str::from_utf8(body)
+            .map_err(DecodeError::from)
+            .and_then(|raw| self.list(raw, ctx))
+        {
+            Ok(Some(new)) => Outcome::Replaced(Bytes::from(new)),
+            Ok(None) => Outcome::Unchanged,
+            Err(e) => Outcome::Undecodable(e),
+        }
+    }
+
+    /// Filters one watch event line (`{"type":…,"object":…}`, with or without its trailing
+    /// newline, which a replacement keeps). A dropped `ADDED`/`MODIFIED` object becomes a
+    /// `DELETED` event carrying the object as received, so the client forgets it; `BOOKMARK`
+    /// and `ERROR` events pass untouched.
+    pub fn filter_event(&self, line: &[u8], ctx: &FilterContext) -> Outcome {
+        match std::str::from_utf8(line)
+            .map_err(DecodeError::from)
+            .and_then(|raw| self.event(raw, ctx))
+        {
+            Ok(Some(new)) => Outcome::Replaced(Bytes::from(new)),
+            Ok(None) => Outcome::Unchanged,
+            Err(e) => Outcome::Undecodable(e),
+        }
+    }
+
+    /// One object through every filter: peeks first, then decode only if a filter inspects.
+    fn apply(&self, raw: &str, ctx: &FilterContext) -> Result<Rewrite, DecodeError> {
+        let head = Head::parse_until(raw, self.kind, self.reads_spec)?;
+        let inspect = match self.peek(&head, ctx) {
+            Peeked::Pass => return Ok(Rewrite::Keep),
+            Peeked::Drop => return Ok(Rewrite::Drop),
+            Peeked::Inspect(mask) => mask,
+        };
+        if inspect.count_ones() == 1 {
+            let only = self.filters[inspect.trailing_zeros() as usize];
+            if let Some(rewrite) = only.filter_text(raw, &head, ctx) {
+                return Ok(rewrite);
+            }
+        }
+        let mut obj: Value = serde_json::from_str(raw)?;
+        let mut changed = false;
+        for (i, filter) in self.filters.iter().enumerate() {
+            if inspect & (1 << i) == 0 {
+                continue;
+            }
+            match filter.filter(&mut obj, &head, ctx) {
+                Verdict::Keep => {}
+                Verdict::Changed => changed = true,
+                Verdict::Drop => return Ok(Rewrite::Drop),
+            }
+        }
+        Ok(if changed {
+            Rewrite::Replace(serde_json::to_string(&obj)?)
+        } else {
+            Rewrite::Keep
+        })
+    }
+
+    /// Every filter's peek at `head`, combined.
+    fn peek(&self, head: &Head<'_>, ctx: &FilterContext) -> Peeked {
+        if head.kind != self.kind {
+            // A Status, Table or PartialObjectMetadata: not what the filters are written for.
+            return Peeked::Pass;
+        }
+        let mut inspect = 0u32;
+        for (i, filter) in self.filters.iter().enumerate() {
+            match filter.peek(head, ctx) {
+                Peek::Pass => {}
+                Peek::Drop => return Peeked::Drop,
+                Peek::Inspect => inspect |= 1 << i,
+            }
+        }
+        if inspect == 0 {
+            Peeked::Pass
+        } else {
+            Peeked::Inspect(inspect)
+        }
+    }
+
+    /// The rebuilt list, or `None` when every item is kept as is.
+    fn list(&self, raw: &str, ctx: &FilterContext) -> Result<Option<String>, DecodeError> {
+        let list: ListShape<'_> = serde_json::from_str(raw)?;
+        if list
+            .kind
+            .is_some_and(|k| k.strip_suffix("List") != Some(self.kind))
+        {
+            return Ok(None);
+        }
+        let items = list.items.unwrap_or_default();
+        let mut edits = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            match self.apply(item.get(), ctx)? {
+                Rewrite::Keep => {}
+                edit => edits.push((i, edit)),
+            }
+        }
+        if edits.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(splice_items(raw, &items, edits)))
+    }
+
+    /// The rebuilt event line, or `None` when it goes out as is.
+    fn event(&self, raw: &str, ctx: &FilterContext) -> Result<Option<String>, DecodeError> {
+        if raw.trim().is_empty() {
+            return Ok(None);
+        }
+        // The common case, decided from the type and the object's head alone.
+        let (event_type, head) = Head::parse_event(raw, self.kind, self.reads_spec)?;
+        let settled = match event_type.as_deref() {
+            Some("ADDED" | "MODIFIED" | "DELETED") => self.peek(&head, ctx) == Peeked::Pass,
+            // BOOKMARK, ERROR: not objects of the kind filtered.
+            Some(_) => true,
+            None => false,
+        };
+        if settled {
+            return Ok(None);
+        }
+        self.event_in_full(raw, ctx)
+    }
+
+    /// An event some filter acts on (or an unusually ordered one), read in full.
+    fn event_in_full(&self, raw: &str, ctx: &FilterContext) -> Result<Option<String>, DecodeError> {
+        let event: EventShape<'_> = serde_json::from_str(raw)?;
+        let (Some(kind), Some(object)) = (event.type_, event.object) else {
+            return Ok(None);
+        };
+        if !matches!(kind, "ADDED" | "MODIFIED" | "DELETED") {
+            return Ok(None);
+        }
+        Ok(match self.apply(object.get(), ctx)? {
+            Rewrite::Keep => None,
+            Rewrite::Replace(new) => Some(splice(raw, object.get(), &new)),
+            // Deleted anyway; its last state needs no filtering.
+            Rewrite::Drop if kind == "DELETED" => None,
+            Rewrite::Drop => {
+                let newline = &raw[raw.trim_end().len()..];
+                Some(format!(
+                    r#"{{"type":"DELETED","object":{}}}{newline}"#,
+                    object.get()
+                ))
+            }
+        })
+    }
+}
+
+/// The filters' combined peek at one object.
+#[derive(Debug, PartialEq, Eq)]
+enum Peeked {
+    Pass,
+    Drop,
+    /// A bit per filter (by position) that asked to inspect.
+    Inspect(u32),
+}
+
+impl fmt::Debug for Chain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chain")
+            .field("kind", &self.kind)
+            .field("filters", &self.names().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct ListShape<'a> {
+    #[serde(borrow)]
+    kind: Option<&'a str>,
+    #[serde(borrow)]
+    items: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct EventShape<'a> {
+    #[serde(rename = "type", borrow)]
+    type_: Option<&'a str>,
+    #[serde(borrow)]
+    object: Option<&'a RawValue>,
+}

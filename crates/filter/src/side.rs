@@ -1,0 +1,146 @@
+//! Reading the side objects the hub watches for its filters (Services, NodePools, its own Node)
+//! into the plain data a [`FilterContext`](crate::FilterContext) holds.
+//!
+//! The proxy owns the watches; these functions only parse one watched object, so the proxy's
+//! loop stays "decode, then `insert_*`/`remove_*`".
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::DecodeError;
+
+/// The Node label that names the node's pool when `--nodepool-name` is not given.
+pub const NODE_POOL_LABEL: &str = "apps.openyurt.io/nodepool";
+
+/// What the filters need of one Service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    pub namespace: String,
+    pub name: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl ServiceEntry {
+    /// Reads a Service object (a GET body, a list item or a watch event's object).
+    pub fn from_json(body: &[u8]) -> Result<ServiceEntry, DecodeError> {
+        let obj: Object = serde_json::from_slice(body)?;
+        Ok(ServiceEntry {
+            namespace: obj.metadata.namespace,
+            name: obj.metadata.name,
+            annotations: obj.metadata.annotations.unwrap_or_default(),
+        })
+    }
+}
+
+/// A NodePool (`apps.openyurt.io`) and the nodes its `status.nodes` lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePoolEntry {
+    pub name: String,
+    pub nodes: Vec<String>,
+}
+
+impl NodePoolEntry {
+    pub fn from_json(body: &[u8]) -> Result<NodePoolEntry, DecodeError> {
+        let obj: Object = serde_json::from_slice(body)?;
+        let nodes = obj.status.and_then(|s| s.nodes).unwrap_or_default();
+        Ok(NodePoolEntry {
+            name: obj.metadata.name,
+            nodes,
+        })
+    }
+}
+
+/// The pool filters use: `--nodepool-name` when set, else the node's [`NODE_POOL_LABEL`].
+/// `node` is this node's Node object; `None` when the hub could not fetch it.
+pub fn resolve_pool_name(
+    flag: Option<&str>,
+    node: Option<&[u8]>,
+) -> Result<Option<String>, DecodeError> {
+    if let Some(pool) = flag.filter(|p| !p.is_empty()) {
+        return Ok(Some(pool.to_owned()));
+    }
+    let Some(node) = node else { return Ok(None) };
+    let obj: Object = serde_json::from_slice(node)?;
+    let mut labels = obj.metadata.labels.unwrap_or_default();
+    Ok(labels.remove(NODE_POOL_LABEL).filter(|p| !p.is_empty()))
+}
+
+#[derive(Deserialize)]
+struct Object {
+    #[serde(default)]
+    metadata: Meta,
+    status: Option<PoolStatus>,
+}
+
+#[derive(Default, Deserialize)]
+struct Meta {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct PoolStatus {
+    nodes: Option<Vec<String>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_service() {
+        let svc = br#"{"kind":"Service","apiVersion":"v1","metadata":{"name":"web","namespace":"shop",
+            "annotations":{"openyurt.io/topologyKeys":"openyurt.io/nodepool"}},"spec":{"type":"ClusterIP"}}"#;
+        let entry = ServiceEntry::from_json(svc).unwrap();
+        assert_eq!(
+            (entry.namespace.as_str(), entry.name.as_str()),
+            ("shop", "web")
+        );
+        assert_eq!(
+            entry.annotations["openyurt.io/topologyKeys"],
+            "openyurt.io/nodepool"
+        );
+        let bare =
+            ServiceEntry::from_json(br#"{"metadata":{"name":"a","namespace":"b"}}"#).unwrap();
+        assert!(bare.annotations.is_empty());
+    }
+
+    #[test]
+    fn reads_a_node_pool() {
+        let pool = br#"{"apiVersion":"apps.openyurt.io/v1beta2","kind":"NodePool","metadata":{"name":"hangzhou"},
+            "spec":{"type":"Edge"},"status":{"nodes":["edge-1","edge-2"],"readyNodeNum":2}}"#;
+        let entry = NodePoolEntry::from_json(pool).unwrap();
+        assert_eq!(entry.name, "hangzhou");
+        assert_eq!(entry.nodes, ["edge-1", "edge-2"]);
+        let fresh = NodePoolEntry::from_json(br#"{"metadata":{"name":"new"},"spec":{}}"#).unwrap();
+        assert!(fresh.nodes.is_empty());
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_node_label() {
+        let node = br#"{"kind":"Node","metadata":{"name":"edge-1","labels":{"apps.openyurt.io/nodepool":"from-label"}}}"#;
+        assert_eq!(
+            resolve_pool_name(Some("flag"), Some(node))
+                .unwrap()
+                .as_deref(),
+            Some("flag")
+        );
+        assert_eq!(
+            resolve_pool_name(Some(""), Some(node)).unwrap().as_deref(),
+            Some("from-label")
+        );
+        assert_eq!(
+            resolve_pool_name(None, Some(node)).unwrap().as_deref(),
+            Some("from-label")
+        );
+        assert_eq!(resolve_pool_name(None, None).unwrap(), None);
+        let unlabelled = br#"{"kind":"Node","metadata":{"name":"edge-1"}}"#;
+        assert_eq!(resolve_pool_name(None, Some(unlabelled)).unwrap(), None);
+        assert!(resolve_pool_name(None, Some(b"not json")).is_err());
+    }
+}
