@@ -1,0 +1,703 @@
+//! The edge cache end to end: the bundled fake apiserver, the hub in edge mode over a sled cache
+//! (default options: every write flushed), and keep-alive HTTP/1.1 clients, all over loopback
+//! sockets. The node carries 110 real-shape pods (the recorded PodList's pods, renamed, ~8 KB
+//! each) among 330 pods of other nodes. The hub runs on a runtime of its own with **one** worker
+//! thread; the fake and the clients share a second, two-worker runtime.
+//! Run: `cargo bench -p outpost-benches --bench edge`.
+//!
+//! - `edge_offline/list_110_pods_by_node`: kubelet's pod LIST (`fieldSelector=spec.nodeName=edge-1`)
+//!   answered from the cache while the fake refuses connections. Criterion gives the median; the
+//!   bench also prints percentiles (p99 included) of a separate fixed run of timed requests, and
+//!   the same percentiles for the store's own `list` of that scope (the floor under the LIST).
+//! - `edge_offline/get_pod`: one pod GET from the cache, sequential (criterion reports it as
+//!   requests/s); the bench also prints the throughput of 8 keep-alive connections hammering the
+//!   same hub, and the CPU the hub's threads (its one worker plus its blocking pool, where cache
+//!   reads run) spent per request, i.e. requests per CPU-second.
+//! - `edge_watch/…_{live,backlog}/{cache_on,cache_off}`: a pod WATCH through the hub carrying
+//!   2,000 pod updates. Cache on = edge mode, kubelet's watch teed into the cache; cache off = the
+//!   same hub with `edge: None`. `live`: the watch is open and the fake commits the updates as
+//!   fast as it can, timed from the first update until the client holds every event (the issue's
+//!   definition). `backlog`: the updates are committed first, untimed, and the watch replays them
+//!   from the fake's event log, timed from the watch request; no producer runs while timed. The
+//!   producer side is the same in both legs. The cache writer works asynchronously; between
+//!   rounds the bench waits (untimed) until the cache holds every event, so a round never pays
+//!   for the previous one, and checks that no cache write was dropped. After the criterion legs
+//!   the bench prints an interleaved on/off comparison per mode (drift from other work on the
+//!   machine hits both legs alike) with CPU per event of the hub's runtime and of the cache
+//!   writer and sled threads, and when the cache held every event.
+//!
+//! The printed extras run even when a criterion filter skips their group.
+//! Writing one watch event into the cache on its own (`Store::apply_event`) is benched in
+//! `crates/cache/benches/store.rs` (`apply_event/modified_pod/sled`), not repeated here.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use http_body::Body;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use outpost_benches::{
+    Fetched, HubThread, NODE, SledCache, Upstream, kubelet_get, kubelet_request, node_pods_path,
+    percentile, plain_client, pod_path, seed_pods, threads_cpu,
+};
+use outpost_cache::{Gvr, Scope, SledStore, Store};
+use outpost_core::selector::{FieldSelector, LabelSelector};
+use outpost_testkit::FakeConfig;
+use serde_json::{Value, json};
+
+type PlainClient = Client<HttpConnector, Empty<Bytes>>;
+
+const ON_NODE: usize = 110;
+const ELSEWHERE: usize = 330;
+/// Worker threads of the hub's runtime.
+const HUB_WORKERS: usize = 1;
+/// Thread names (Linux keeps 15 bytes), for per-thread CPU accounting.
+const OFFLINE_HUB: &str = "hub-offline";
+const HUB_ON: &str = "hub-cache-on";
+const HUB_OFF: &str = "hub-cache-off";
+/// The hub's cache writer thread and sled's own threads.
+const CACHE_THREADS: &[&str] = &["outpost-cache-w", "sled-io", "log flusher"];
+
+/// Timed offline LISTs for the percentiles, after untimed warm-up ones.
+const LIST_SAMPLES: usize = 2_000;
+const LIST_WARM_UP: usize = 200;
+/// Offline GETs spread over concurrent keep-alive connections.
+const GET_LOAD: usize = 40_000;
+const GET_CONNECTIONS: usize = 8;
+
+/// Pod updates per watch round.
+const WATCH_EVENTS: usize = 2_000;
+/// Interleaved on/off rounds after the criterion legs.
+const WATCH_ROUNDS: usize = 10;
+/// No single wait in this bench lasts longer.
+const STALL: Duration = Duration::from_secs(60);
+
+fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn items(list: &Fetched) -> usize {
+    let v: Value = serde_json::from_slice(&list.body).expect("list JSON");
+    v["items"].as_array().expect("items").len()
+}
+
+/// Polls (bounded) until the hub answers `uri` from its cache: the writer applies asynchronously,
+/// and the first request after the fake went away is the one that finds out.
+async fn until_cached(client: &PlainClient, uri: &http::Uri) -> Fetched {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = kubelet_get(client, uri).await;
+        if resp.status == 200 && resp.from_cache {
+            return resp;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{uri} never served from the cache: {} {}",
+            resp.status,
+            String::from_utf8_lossy(&resp.body)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One offline request; panics unless the cache answered it.
+async fn offline(client: &PlainClient, uri: &http::Uri) -> usize {
+    let resp = kubelet_get(client, uri).await;
+    assert!(
+        resp.status == 200 && resp.from_cache,
+        "{uri}: {} (from cache: {})",
+        resp.status,
+        resp.from_cache
+    );
+    resp.body.len()
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+fn offline_reads(c: &mut Criterion) {
+    let rt = bench_runtime();
+    let upstream = rt.block_on(Upstream::start(FakeConfig::default()));
+    let pods = seed_pods(&upstream.fake, ON_NODE, ELSEWHERE);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = SledCache::open(dir.path());
+    let hub = HubThread::start(
+        upstream.hub_config(Some(cache.edge_config())),
+        OFFLINE_HUB,
+        HUB_WORKERS,
+    );
+    let client = plain_client();
+    let list_uri = hub.uri(&node_pods_path());
+    let get_uri = hub.uri(&pod_path(&pods[0]));
+
+    rt.block_on(async {
+        // Online, kubelet-like: the responses are teed into the cache.
+        let list = kubelet_get(&client, &list_uri).await;
+        assert!(list.status == 200 && !list.from_cache, "{}", list.status);
+        assert_eq!(items(&list), ON_NODE);
+        let pod = kubelet_get(&client, &get_uri).await;
+        assert!(pod.status == 200 && !pod.from_cache, "{}", pod.status);
+        upstream.fake.refuse_connections();
+        let list = until_cached(&client, &list_uri).await;
+        assert_eq!(items(&list), ON_NODE);
+        let pod = until_cached(&client, &get_uri).await;
+        println!(
+            "edge_offline: LIST body {} bytes ({ON_NODE} pods), GET body {} bytes",
+            list.body.len(),
+            pod.body.len()
+        );
+    });
+
+    let mut group = c.benchmark_group("edge_offline");
+    group.bench_function("list_110_pods_by_node", |b| {
+        b.iter(|| rt.block_on(offline(&client, &list_uri)))
+    });
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("get_pod", |b| {
+        b.iter(|| rt.block_on(offline(&client, &get_uri)))
+    });
+    group.finish();
+
+    // Percentiles of the offline LIST: criterion reports none.
+    let mut samples = rt.block_on(async {
+        for _ in 0..LIST_WARM_UP {
+            offline(&client, &list_uri).await;
+        }
+        let mut samples = Vec::with_capacity(LIST_SAMPLES);
+        for _ in 0..LIST_SAMPLES {
+            let started = Instant::now();
+            offline(&client, &list_uri).await;
+            samples.push(started.elapsed());
+        }
+        samples
+    });
+    samples.sort();
+    // The floor under it: the same scope read straight from the store, as the hub's blocking
+    // task does (no HTTP, no body assembly, no copy to the client).
+    let mut floor: Vec<Duration> = (0..LIST_SAMPLES)
+        .map(|_| {
+            let started = Instant::now();
+            let list = cache
+                .store
+                .list(&node_scope())
+                .expect("list")
+                .expect("cached");
+            assert_eq!(list.items.len(), ON_NODE);
+            started.elapsed()
+        })
+        .collect();
+    floor.sort();
+    println!(
+        "edge_offline/list_110_pods_by_node: {LIST_SAMPLES} sequential requests after {LIST_WARM_UP} warm-up: \
+         p50 {} p90 {} p99 {} p99.9 {} max {}",
+        micros(percentile(&samples, 0.50)),
+        micros(percentile(&samples, 0.90)),
+        micros(percentile(&samples, 0.99)),
+        micros(percentile(&samples, 0.999)),
+        micros(*samples.last().expect("samples")),
+    );
+    println!(
+        "  floor: SledStore::list of the same scope called directly, {LIST_SAMPLES} times: p50 {} p99 {}",
+        micros(percentile(&floor, 0.50)),
+        micros(percentile(&floor, 0.99)),
+    );
+
+    // Offline GET throughput with concurrent keep-alive connections (first round warms them up).
+    for round in ["warm-up", "measured"] {
+        let cpu = threads_cpu(OFFLINE_HUB);
+        let elapsed = rt.block_on(async {
+            let started = Instant::now();
+            let tasks: Vec<_> = (0..GET_CONNECTIONS)
+                .map(|_| {
+                    let (client, uri) = (client.clone(), get_uri.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..GET_LOAD / GET_CONNECTIONS {
+                            offline(&client, &uri).await;
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                tokio::time::timeout(STALL, task)
+                    .await
+                    .expect("GET load stalled")
+                    .expect("GET task");
+            }
+            started.elapsed()
+        });
+        let cpu = threads_cpu(OFFLINE_HUB).saturating_sub(cpu);
+        if round == "measured" {
+            println!(
+                "edge_offline/get_pod: {GET_LOAD} GETs over {GET_CONNECTIONS} keep-alive connections in {:.3} s = {:.0} requests/s; \
+                 hub threads (1 worker + blocking pool) used {:.3} CPU-s = {:.1} µs CPU per request = {:.0} requests per CPU-second",
+                elapsed.as_secs_f64(),
+                GET_LOAD as f64 / elapsed.as_secs_f64(),
+                cpu.as_secs_f64(),
+                cpu.as_secs_f64() * 1e6 / GET_LOAD as f64,
+                GET_LOAD as f64 / cpu.as_secs_f64(),
+            );
+        }
+    }
+
+    drop(client);
+    hub.stop();
+    cache.wait_released();
+    rt.block_on(upstream.shutdown());
+}
+
+/// Counts complete watch lines, checking each one is a MODIFIED event.
+#[derive(Default)]
+struct EventCounter {
+    /// The start of the current line (enough to read its type).
+    head: Vec<u8>,
+    events: usize,
+}
+
+impl EventCounter {
+    const MODIFIED: &'static [u8] = br#"{"type":"MODIFIED""#;
+
+    fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let end = data.iter().position(|&b| b == b'\n');
+            let line = &data[..end.unwrap_or(data.len())];
+            let wanted = Self::MODIFIED.len().saturating_sub(self.head.len());
+            self.head.extend_from_slice(&line[..wanted.min(line.len())]);
+            let Some(end) = end else { return };
+            assert!(
+                self.head.as_slice() == Self::MODIFIED,
+                "unexpected watch line: {}…",
+                String::from_utf8_lossy(&self.head)
+            );
+            self.events += 1;
+            self.head.clear();
+            data = &data[end + 1..];
+        }
+    }
+}
+
+/// Reads a watch body until `n` events arrived; returns when the last one did.
+async fn read_events<B>(mut body: B, n: usize) -> Instant
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Debug,
+{
+    let mut counter = EventCounter::default();
+    while counter.events < n {
+        let frame = tokio::time::timeout(STALL, body.frame())
+            .await
+            .expect("watch stalled")
+            .unwrap_or_else(|| panic!("watch ended after {} events", counter.events))
+            .expect("watch frame");
+        if let Some(data) = frame.data_ref() {
+            counter.feed(data);
+        }
+    }
+    Instant::now()
+}
+
+/// Sum of `outpost_cache_writes_total{op="event"}` over outcomes, and of `outpost_cache_dropped_total`.
+async fn cache_event_writes(client: &PlainClient, metrics: &http::Uri) -> (u64, u64) {
+    let body = kubelet_get(client, metrics).await.body;
+    let text = String::from_utf8_lossy(&body);
+    let value = |line: &str| -> u64 {
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    let mut written = 0;
+    let mut dropped = 0;
+    for line in text.lines() {
+        if line.starts_with("outpost_cache_writes_total{") && line.contains(r#"op="event""#) {
+            assert!(
+                line.contains(r#"outcome="stored""#),
+                "an event was not stored: {line}"
+            );
+            written += value(line);
+        } else if line.starts_with("outpost_cache_dropped_total{") {
+            dropped += value(line);
+        }
+    }
+    (written, dropped)
+}
+
+/// Pod updates, the same for both legs: the node's pods in turn, each with a new annotation.
+struct Producer {
+    pods: Vec<Value>,
+    seq: u64,
+}
+
+impl Producer {
+    fn batch(&mut self, n: usize) -> Vec<Value> {
+        (0..n)
+            .map(|_| {
+                self.seq += 1;
+                let mut pod = self.pods[self.seq as usize % self.pods.len()].clone();
+                let meta = &mut pod["metadata"];
+                // No resourceVersion: an unconditional replace.
+                meta.as_object_mut()
+                    .expect("metadata")
+                    .remove("resourceVersion");
+                meta["annotations"]["bench.outpost.dev/seq"] = json!(self.seq.to_string());
+                pod
+            })
+            .collect()
+    }
+}
+
+/// One hub under test.
+struct Leg {
+    name: &'static str,
+    /// Its runtime's thread name.
+    threads: &'static str,
+    hub: HubThread,
+    cache: Option<LegCache>,
+}
+
+/// The cache-on leg's cache.
+struct LegCache {
+    store: Arc<SledStore>,
+    /// The hub's admin `/metrics`.
+    metrics: http::Uri,
+    /// Watch events the hub has been sent so far.
+    sent: u64,
+}
+
+/// What one watch round measured.
+struct Round {
+    /// Live: first update → the producer's loop has returned from the last update (an upper
+    /// bound on the last commit: the producer thread can be preempted before it reads the clock).
+    produced: Option<Duration>,
+    /// First update → the client holds every event.
+    delivered: Duration,
+    /// CPU of the hub's runtime threads over the round (until delivery), and of the cache
+    /// writer and sled threads (until the cache holds every event).
+    hub_cpu: Duration,
+    cache_cpu: Duration,
+    /// First update → the cache holds every event (cache on only).
+    cached: Option<Duration>,
+}
+
+struct WatchBench {
+    rt: tokio::runtime::Runtime,
+    upstream: Upstream,
+    client: PlainClient,
+    producer: Producer,
+}
+
+/// How the events reach the watch.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// The watch is open, then the fake commits the updates as fast as it can; timed from the
+    /// first update.
+    Live,
+    /// The fake commits the updates first (untimed), then the watch opens at the resourceVersion
+    /// before them and replays them from the fake's event log as fast as the path allows; timed
+    /// from sending the watch request. No producer runs while timed.
+    Backlog,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Live => "live",
+            Mode::Backlog => "backlog",
+        }
+    }
+}
+
+impl WatchBench {
+    /// Opens a pod watch through `leg`'s hub; JSON in both legs, so the upstream exchange is the
+    /// same whether the hub caches or not.
+    fn open_watch(&self, leg: &Leg, from_rv: u64) -> hyper::body::Incoming {
+        let path = format!("{}&watch=true&resourceVersion={from_rv}", node_pods_path());
+        let uri = leg.hub.uri(&path);
+        let resp = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(
+                    STALL,
+                    self.client
+                        .request(kubelet_request(&uri, "application/json")),
+                )
+                .await
+            })
+            .expect("watch headers in time")
+            .expect("watch response");
+        assert_eq!(resp.status(), 200, "{}: watch", leg.name);
+        resp.into_body()
+    }
+
+    fn round(&mut self, leg: &mut Leg, mode: Mode) -> Round {
+        let updates = self.producer.batch(WATCH_EVENTS);
+        let fake = &self.upstream.fake;
+        let from_rv = fake.current_resource_version();
+        let produce = || {
+            for pod in updates {
+                fake.update("v1/pods", pod).expect("update pod");
+            }
+        };
+        let (started, produced, reader, cpu) = match mode {
+            Mode::Live => {
+                let body = self.open_watch(leg, from_rv);
+                let reader = self.rt.spawn(read_events(body, WATCH_EVENTS));
+                let cpu = (threads_cpu(leg.threads), cache_cpu());
+                let started = Instant::now();
+                produce();
+                (started, Some(started.elapsed()), reader, cpu)
+            }
+            Mode::Backlog => {
+                produce();
+                let cpu = (threads_cpu(leg.threads), cache_cpu());
+                let started = Instant::now();
+                let body = self.open_watch(leg, from_rv);
+                let reader = self.rt.spawn(read_events(body, WATCH_EVENTS));
+                (started, None, reader, cpu)
+            }
+        };
+        let last_rv = fake.current_resource_version();
+        let done = self.rt.block_on(reader).expect("watch reader");
+        let delivered = done - started;
+        let hub_cpu = threads_cpu(leg.threads).saturating_sub(cpu.0);
+        // Wait (untimed, polling the store rather than the hub) for the writer to catch up.
+        let cached = leg.cache.as_ref().map(|cache| {
+            let deadline = Instant::now() + STALL;
+            loop {
+                let rv = cache
+                    .store
+                    .scope_resource_version(&node_scope())
+                    .expect("scope rv")
+                    .and_then(|rv| rv.as_str().parse::<u64>().ok());
+                if rv >= Some(last_rv) {
+                    break started.elapsed();
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cache is at {rv:?}, the fake at {last_rv}"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let cache_cpu = cache_cpu().saturating_sub(cpu.1);
+        if let Some(cache) = &mut leg.cache {
+            cache.sent += WATCH_EVENTS as u64;
+            let (stored, dropped) = self
+                .rt
+                .block_on(cache_event_writes(&self.client, &cache.metrics));
+            assert_eq!(dropped, 0, "the cache writer dropped operations");
+            assert_eq!(stored, cache.sent, "events stored in the cache");
+        }
+        Round {
+            produced,
+            delivered,
+            hub_cpu,
+            cache_cpu,
+            cached,
+        }
+    }
+}
+
+fn cache_cpu() -> Duration {
+    CACHE_THREADS.iter().map(|name| threads_cpu(name)).sum()
+}
+
+fn events_per_s(d: Duration) -> f64 {
+    WATCH_EVENTS as f64 / d.as_secs_f64()
+}
+
+fn per_event_us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6 / WATCH_EVENTS as f64
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Per-field medians of a leg's rounds.
+struct Summary {
+    produced: Option<Duration>,
+    delivered: Duration,
+    hub_cpu: Duration,
+    cache_cpu: Duration,
+    cached: Option<Duration>,
+}
+
+impl Summary {
+    fn of(rounds: &[Round]) -> Summary {
+        let field = |f: fn(&Round) -> Duration| median(rounds.iter().map(f).collect());
+        let some = |f: fn(&Round) -> Option<Duration>| {
+            let v: Vec<Duration> = rounds.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| median(v))
+        };
+        Summary {
+            produced: some(|r| r.produced),
+            delivered: field(|r| r.delivered),
+            hub_cpu: field(|r| r.hub_cpu),
+            cache_cpu: field(|r| r.cache_cpu),
+            cached: some(|r| r.cached),
+        }
+    }
+}
+
+fn watch_throughput(c: &mut Criterion) {
+    let rt = bench_runtime();
+    let upstream = rt.block_on(Upstream::start(FakeConfig {
+        // Room for a burst even if the watcher lags (a lagging watcher past the window gets 410).
+        event_window: 2 * WATCH_EVENTS,
+        ..FakeConfig::default()
+    }));
+    let pods = seed_pods(&upstream.fake, ON_NODE, ELSEWHERE);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = SledCache::open(dir.path());
+    let on = HubThread::start(
+        upstream.hub_config(Some(cache.edge_config())),
+        HUB_ON,
+        HUB_WORKERS,
+    );
+    let off = HubThread::start(upstream.hub_config(None), HUB_OFF, HUB_WORKERS);
+    let metrics: http::Uri = format!("http://{}/metrics", on.admin_addr())
+        .parse()
+        .expect("uri");
+    let client = plain_client();
+
+    // kubelet lists before it watches; the events then land in a listed scope, as they do for
+    // kubelet's reflector. The cache-off hub gets the same LIST so both hold a warm upstream pool.
+    rt.block_on(async {
+        for hub in [&on, &off] {
+            let list = kubelet_get(&client, &hub.uri(&node_pods_path())).await;
+            assert_eq!(list.status, 200);
+            assert_eq!(items(&list), ON_NODE);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cache.store.list(&node_scope()).expect("list").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the LIST never reached the cache"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let mut bench = WatchBench {
+        rt,
+        upstream,
+        client,
+        producer: Producer { pods, seq: 0 },
+    };
+    let mut legs = [
+        Leg {
+            name: "cache_on",
+            threads: HUB_ON,
+            hub: on,
+            cache: Some(LegCache {
+                store: cache.store.clone(),
+                metrics,
+                sent: 0,
+            }),
+        },
+        Leg {
+            name: "cache_off",
+            threads: HUB_OFF,
+            hub: off,
+            cache: None,
+        },
+    ];
+
+    let mut group = c.benchmark_group("edge_watch");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .throughput(Throughput::Elements(WATCH_EVENTS as u64));
+    for mode in [Mode::Live, Mode::Backlog] {
+        for leg in &mut legs {
+            let name = format!("{WATCH_EVENTS}_pod_updates_{}/{}", mode.name(), leg.name);
+            group.bench_function(name, |b| {
+                b.iter_custom(|iters| (0..iters).map(|_| bench.round(leg, mode).delivered).sum())
+            });
+        }
+    }
+    group.finish();
+
+    // Interleaved: on, off, off, on, … so drift (other builds on the machine) hits both legs alike.
+    for mode in [Mode::Live, Mode::Backlog] {
+        let mut rounds: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..WATCH_ROUNDS {
+            for step in 0..2 {
+                let i = (round + step) % 2;
+                rounds[i].push(bench.round(&mut legs[i], mode));
+            }
+        }
+        report(mode, rounds.map(|rounds| Summary::of(&rounds)));
+    }
+
+    let WatchBench {
+        rt,
+        upstream,
+        client,
+        ..
+    } = bench;
+    drop(client);
+    let [on_leg, off_leg] = legs;
+    drop(on_leg.cache);
+    on_leg.hub.stop();
+    off_leg.hub.stop();
+    cache.wait_released();
+    rt.block_on(upstream.shutdown());
+}
+
+fn report(mode: Mode, [on, off]: [Summary; 2]) {
+    println!(
+        "edge_watch/{} interleaved, {WATCH_ROUNDS} rounds per leg of {WATCH_EVENTS} events, medians:",
+        mode.name()
+    );
+    for (name, s) in [("cache_on", &on), ("cache_off", &off)] {
+        println!(
+            "  {name:9}: delivered in {:.1} ms = {:.0} events/s{}; hub runtime CPU {:.1} µs/event; \
+             cache writer + sled CPU {:.1} µs/event{}",
+            s.delivered.as_secs_f64() * 1e3,
+            events_per_s(s.delivered),
+            s.produced.map_or(String::new(), |p| format!(
+                " (the producer's update loop ended after {:.1} ms)",
+                p.as_secs_f64() * 1e3
+            )),
+            per_event_us(s.hub_cpu),
+            per_event_us(s.cache_cpu),
+            s.cached.map_or(String::new(), |c| format!(
+                "; the cache held every event after {:.1} ms",
+                c.as_secs_f64() * 1e3
+            )),
+        );
+    }
+    println!(
+        "  throughput ratio on/off {:.3} (caching costs {:+.1}% in delivery time); \
+         CPU per event on/off (hub runtime + cache threads) {:.1}x",
+        off.delivered.as_secs_f64() / on.delivered.as_secs_f64(),
+        (on.delivered.as_secs_f64() / off.delivered.as_secs_f64() - 1.0) * 100.0,
+        (on.hub_cpu + on.cache_cpu).as_secs_f64() / (off.hub_cpu + off.cache_cpu).as_secs_f64(),
+    );
+}
+
+/// kubelet's pod scope in the cache.
+fn node_scope() -> Scope {
+    let fields = FieldSelector::parse(&format!("spec.nodeName={NODE}")).expect("selector");
+    Scope::new(
+        "kubelet",
+        &Gvr::new("", "v1", "pods"),
+        None,
+        LabelSelector::default(),
+        fields,
+    )
+}
+
+criterion_group!(benches, offline_reads, watch_throughput);
+criterion_main!(benches);
