@@ -29,6 +29,18 @@ fn pod(name: &str, node: &str, app: &str) -> Value {
     })
 }
 
+/// A fake cluster with these pods (app=web) bound to the node.
+async fn cluster_with_pods(names: &[&str]) -> Cluster {
+    let cluster = Cluster::start().await;
+    for name in names {
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
+    }
+    cluster
+}
+
 /// `GET` with kubelet's real headers.
 async fn kubelet_get(hub: &HubProcess, path: &str) -> support::RawResponse {
     let req = format!(
@@ -247,13 +259,7 @@ fn event_name(event: &WatchEvent<Pod>) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offline_watch_is_a_real_stream() {
-    let cluster = Cluster::start().await;
-    for name in ["a", "b"] {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, "web"))
-            .unwrap();
-    }
+    let cluster = cluster_with_pods(&["a", "b"]).await;
     let hub = cluster.start_hub();
     let (pods, fields) = node_pods(&hub);
     let list = pods
@@ -383,13 +389,7 @@ fn change_upstream(cluster: &Cluster, added: &str, modified: &str, deleted: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_converges_with_a_kube_rs_watcher() {
     use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let cluster = Cluster::start().await;
-    for name in ["a", "b", "c"] {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, "web"))
-            .unwrap();
-    }
+    let cluster = cluster_with_pods(&["a", "b", "c"]).await;
     let hub = cluster.start_hub();
     let (pods, fields) = node_pods(&hub);
     let (reader, writer) = reflector::store::<Pod>();
@@ -458,13 +458,7 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
-    let cluster = Cluster::start().await;
-    for name in ["a", "b"] {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, "web"))
-            .unwrap();
-    }
+    let cluster = cluster_with_pods(&["a", "b"]).await;
     let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     let node_path = format!("/api/v1/nodes/{NODE}");
     {
@@ -482,7 +476,13 @@ async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     assert!(served_from_cache(&list));
     assert_eq!(names(&list.json()), ["a", "b"]);
     let node = kubelet_get(&hub, &node_path).await;
-    assert_eq!(node.status, 200);
+    assert_eq!(
+        node.status,
+        200,
+        "{}\n{}",
+        String::from_utf8_lossy(&node.body),
+        hub.log_text()
+    );
     assert_eq!(node.json()["metadata"]["name"], NODE);
     let ready = get(hub.admin, "/v1/readyz", "test").await;
     assert_eq!(ready.status, 200);
@@ -531,13 +531,7 @@ async fn a_full_disk_degrades_the_cache_but_not_the_proxy() {
 /// included, and sees the cloud's changes after the outage, with nothing resurrected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_works_offline_once_made_a_cache_agent() {
-    let cluster = Cluster::start().await;
-    for name in ["a", "b"] {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, "web"))
-            .unwrap();
-    }
+    let cluster = cluster_with_pods(&["a", "b"]).await;
     let hub = cluster.start_hub();
     cluster
         .fake

@@ -204,6 +204,53 @@ impl Upstream {
     }
 }
 
+/// One of the hub's own requests: who asks, and with what body.
+pub struct OwnCall<'a> {
+    pub method: http::Method,
+    pub path: &'a str,
+    /// The hub's component name for this call (`outpost/heartbeat`…), so it shows in audit logs.
+    pub user_agent: &'static str,
+    /// `(content type, JSON)` for writes.
+    pub body: Option<(&'static str, serde_json::Value)>,
+    pub timeout: Duration,
+}
+
+impl Upstream {
+    /// Sends one of the hub's own requests as the node and reads the whole (small) answer,
+    /// bounded by the call's timeout for headers and body alike.
+    pub async fn own_call(
+        &self,
+        server: &Server,
+        call: OwnCall<'_>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+        use http_body_util::BodyExt;
+        let mut builder = Request::builder()
+            .method(call.method)
+            .uri(call.path)
+            .header(http::header::USER_AGENT, call.user_agent)
+            .header(http::header::ACCEPT, "application/json");
+        let body = match call.body {
+            Some((content_type, value)) => {
+                builder = builder.header(http::header::CONTENT_TYPE, content_type);
+                crate::body::full(value.to_string())
+            }
+            None => crate::body::empty(),
+        };
+        let req = builder.body(body).map_err(|e| e.to_string())?;
+        let resp = self
+            .send(server, Identity::Node, req, call.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let bytes = tokio::time::timeout(call.timeout, resp.into_body().collect())
+            .await
+            .map_err(|_| format!("{} {}: response body timed out", call.user_agent, call.path))?
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+}
+
 fn https_client(config: &UpstreamConfig, identity: Identity) -> HttpsClient {
     let tls = match identity {
         Identity::Node => config.tls.with_identity.as_ref().clone(),

@@ -9,12 +9,10 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::body;
-use crate::upstream::{Identity, Server, Upstream};
+use crate::upstream::{OwnCall, Server, Upstream};
 
 const USER_AGENT: &str = "outpost/heartbeat";
 const DELEGATE_ANNOTATION: &str = "openyurt.io/delegate-heartbeat";
@@ -157,31 +155,14 @@ impl Call<'_> {
         path: &str,
         body: Option<Value>,
     ) -> Result<(StatusCode, Bytes), String> {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(http::header::USER_AGENT, USER_AGENT)
-            .header(http::header::ACCEPT, "application/json");
-        let body = match body {
-            Some(v) => {
-                builder = builder.header(http::header::CONTENT_TYPE, "application/json");
-                body::full(v.to_string())
-            }
-            None => body::empty(),
+        let call = OwnCall {
+            method,
+            path,
+            user_agent: USER_AGENT,
+            body: body.map(|v| ("application/json", v)),
+            timeout: self.timeout,
         };
-        let req = builder.body(body).map_err(|e| e.to_string())?;
-        let resp = self
-            .upstream
-            .send(self.server, Identity::Node, req, self.timeout)
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let bytes = tokio::time::timeout(self.timeout, resp.into_body().collect())
-            .await
-            .map_err(|_| "lease response body timed out".to_owned())?
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok((status, bytes))
+        self.upstream.own_call(self.server, call).await
     }
 }
 

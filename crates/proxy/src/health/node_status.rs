@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use outpost_cache::{Gvr, Lookup, ObjectKey, Store};
 use outpost_core::{RequestInfo, Verb};
@@ -26,10 +26,10 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::autonomy;
-use crate::body::{self, BoxError, ProxyBody};
+use crate::body::{BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
-use crate::upstream::{Identity, Upstream};
+use crate::upstream::{OwnCall, Server, Upstream};
 
 const MAX_BODY: usize = 1 << 20;
 const USER_AGENT: &str = "outpost/node-status";
@@ -166,58 +166,65 @@ impl NodeStatus {
     }
 
     async fn sync_autonomy(&self, upstream: &Upstream, cache_failures: u32) -> Result<(), String> {
-        let server = upstream.pick().ok_or("no healthy apiserver")?;
-        let path = format!("/api/v1/nodes/{}", self.node);
-        let (status, body) = call(upstream, server, Method::GET, &path, None).await?;
-        if status != StatusCode::OK {
-            return Err(format!("node read answered {status}"));
-        }
-        let node: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let (server, node) = self.cloud_node(upstream).await?;
         let Some(conditions) = autonomy::updated_conditions(&node, cache_failures) else {
             return Ok(());
         };
-        let patch = json!({ "status": { "conditions": conditions } });
-        let (status, _) = call(
-            upstream,
-            server,
-            Method::PATCH,
-            &format!("{path}/status"),
-            Some(patch),
-        )
-        .await?;
-        if status != StatusCode::OK {
-            return Err(format!("status patch answered {status}"));
-        }
+        self.patch_conditions(upstream, server, conditions).await?;
         info!(node = %self.node, "Autonomy node condition updated");
         Ok(())
     }
 
     /// Re-reads the cloud's node and sends the locally newer conditions; returns how many.
     async fn replay(&self, upstream: &Upstream, local: &Value) -> Result<usize, String> {
+        let (server, cloud) = self.cloud_node(upstream).await?;
+        let (merged, newer) = newer_conditions(&cloud, local);
+        if newer > 0 {
+            self.patch_conditions(upstream, server, merged).await?;
+        }
+        Ok(newer)
+    }
+
+    /// The cloud's node, read through a healthy server (which the patch then uses too).
+    async fn cloud_node<'u>(&self, upstream: &'u Upstream) -> Result<(&'u Server, Value), String> {
         let server = upstream.pick().ok_or("no healthy apiserver")?;
         let path = format!("/api/v1/nodes/{}", self.node);
-        let (status, body) = call(upstream, server, Method::GET, &path, None).await?;
+        let (status, body) = upstream
+            .own_call(server, own_call(Method::GET, &path, None))
+            .await?;
         if status != StatusCode::OK {
             return Err(format!("node read answered {status}"));
         }
-        let cloud: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        let (merged, newer) = newer_conditions(&cloud, local);
-        if newer == 0 {
-            return Ok(0);
-        }
-        let patch = json!({ "status": { "conditions": merged } });
-        let (status, _) = call(
-            upstream,
-            server,
-            Method::PATCH,
-            &format!("{path}/status"),
-            Some(patch),
-        )
-        .await?;
+        let node = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        Ok((server, node))
+    }
+
+    /// Sends the node's whole condition list: a strategic merge patch merges it by `type`, a
+    /// JSON merge patch replaces the list; both end with exactly these conditions.
+    async fn patch_conditions(
+        &self,
+        upstream: &Upstream,
+        server: &Server,
+        conditions: Vec<Value>,
+    ) -> Result<(), String> {
+        let path = format!("/api/v1/nodes/{}/status", self.node);
+        let patch = json!({ "status": { "conditions": conditions } });
+        let call = own_call(Method::PATCH, &path, Some(patch));
+        let (status, _) = upstream.own_call(server, call).await?;
         if status != StatusCode::OK {
             return Err(format!("status patch answered {status}"));
         }
-        Ok(newer)
+        Ok(())
+    }
+}
+
+fn own_call(method: Method, path: &str, patch: Option<Value>) -> OwnCall<'_> {
+    OwnCall {
+        method,
+        path,
+        user_agent: USER_AGENT,
+        body: patch.map(|p| ("application/strategic-merge-patch+json", p)),
+        timeout: Duration::from_secs(10),
     }
 }
 
@@ -248,44 +255,6 @@ fn newer_conditions(cloud: &Value, local: &Value) -> (Vec<Value>, usize) {
         }
     }
     (merged, newer)
-}
-
-async fn call(
-    upstream: &Upstream,
-    server: &crate::upstream::Server,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(StatusCode, Bytes), String> {
-    let mut builder = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::USER_AGENT, USER_AGENT)
-        .header(http::header::ACCEPT, "application/json");
-    let body = match body {
-        Some(v) => {
-            builder = builder.header(
-                http::header::CONTENT_TYPE,
-                "application/strategic-merge-patch+json",
-            );
-            body::full(v.to_string())
-        }
-        None => body::empty(),
-    };
-    let req = builder.body(body).map_err(|e| e.to_string())?;
-    let timeout = Duration::from_secs(10);
-    let resp = upstream
-        .send(server, Identity::Node, req, timeout)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = resp.status();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, bytes))
 }
 
 /// The strategic-merge-patch subset described in the module doc.
