@@ -1,5 +1,5 @@
 //! The binary's command line: bad flags and bad files give one clear line and exit code 2, never a
-//! panic; `--help` and `--version` succeed; SIGTERM stops a running hub cleanly.
+//! panic; `--help` and `--version` succeed; SIGTERM stops a running hub cleanly; the demo runs.
 
 mod support;
 
@@ -168,4 +168,24 @@ async fn sigterm_stops_the_hub_cleanly() {
     let hub = cluster.start_hub();
     let status = hub.terminate();
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
+}
+
+/// The README's first command: the demo runs an outage end to end and exits 0.
+#[test]
+fn the_demo_shows_an_outage_and_exits_0() {
+    let out = run(&["demo".to_owned()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for step in [
+        "served from the edge cache",
+        "kubelet still sees: web-0, web-1",
+        "kubelet sees: web-0, web-2 (web-0 version=v2)",
+        "demo finished: every step behaved as expected",
+    ] {
+        assert!(stdout.contains(step), "missing {step:?} in:\n{stdout}");
+    }
 }

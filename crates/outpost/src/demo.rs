@@ -94,7 +94,12 @@ async fn run() -> Result<()> {
             volatile: None,
         }),
         namespace: "kube-system".into(),
-        health: outpost_proxy::health::HealthConfig::default(),
+        // One-second probes instead of yurthub's ten, so the demo's outage and recovery take
+        // seconds; two good probes still make the apiserver healthy again.
+        health: outpost_proxy::health::HealthConfig {
+            interval: Duration::from_secs(1),
+            ..outpost_proxy::health::HealthConfig::default()
+        },
     })
     .await?;
     println!(
