@@ -11,11 +11,14 @@
 //!    apiserver would reject is answered `400` here, without touching upstream.
 //! 2. [`route::decide`]: which identity to present, whether this is a protocol switch, and in
 //!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down.
-//! 3. [`Pipeline::remote`] / [`Pipeline::tunnel`]: one exchange with an apiserver, bodies
+//! 3. `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
 //!    streaming both ways; in edge mode a good response is teed into the cache, and an upstream
 //!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
 //!    the cache answers (or a Status says why it cannot).
-//! 4. [`Pipeline::respond`]: errors become Kubernetes `Status` bodies (in
+//!    Edge mode also answers two of kubelet's requests itself: its own lease
+//!    ([`crate::health::local_lease`], the heartbeat's evidence) and, offline, its node-status
+//!    PATCH ([`crate::health::node_status`], replayed on reconnect).
+//! 4. `Pipeline::respond`: errors become Kubernetes `Status` bodies (in
 //!    [`ProxyError::into_status`]), and every response is counted and logged once.
 
 use std::sync::Arc;
