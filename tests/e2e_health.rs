@@ -50,8 +50,7 @@ fn renewals(fake: &FakeApiServer) -> usize {
         .count()
 }
 
-fn metric(hub: &HubProcess, text: &str, name: &str) -> f64 {
-    let _ = hub;
+fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())
@@ -134,7 +133,7 @@ async fn the_heartbeat_runs_only_while_kubelet_calls_in() {
         "no renewal for a silent kubelet"
     );
     let text = metrics_text(&hub).await;
-    assert_eq!(metric(&hub, &text, "outpost_cloud_online"), 1.0, "{text}");
+    assert_eq!(metric(&text, "outpost_cloud_online"), 1.0, "{text}");
 
     // kubelet back: renewals resume within two intervals.
     kubelet_renews(&hub).await;
@@ -155,7 +154,6 @@ async fn a_call_just_before_the_grace_period_ends_skips_nothing() {
     // Rounds before kubelet's first call skip (nothing vouches for it yet); count from here.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let skipped_before = metric(
-        &hub,
         &metrics_text(&hub).await,
         "outpost_node_lease_renewals_total{result=\"skipped\"}",
     );
@@ -168,7 +166,6 @@ async fn a_call_just_before_the_grace_period_ends_skips_nothing() {
     let text = metrics_text(&hub).await;
     assert!(
         metric(
-            &hub,
             &text,
             "outpost_node_lease_renewals_total{result=\"renewed\"}"
         ) >= 6.0,
@@ -176,7 +173,6 @@ async fn a_call_just_before_the_grace_period_ends_skips_nothing() {
     );
     assert_eq!(
         metric(
-            &hub,
             &text,
             "outpost_node_lease_renewals_total{result=\"skipped\"}"
         ),
@@ -228,7 +224,7 @@ async fn wait_for_online(hub: &HubProcess, online: bool, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
         let text = metrics_text(hub).await;
-        if metric(hub, &text, "outpost_cloud_online") == f64::from(u8::from(online)) {
+        if metric(&text, "outpost_cloud_online") == f64::from(u8::from(online)) {
             return;
         }
         assert!(
@@ -440,9 +436,8 @@ async fn fake_kubelet_healthz(
     (addr, task)
 }
 
-fn renewed(hub: &HubProcess, text: &str) -> f64 {
+fn renewed(text: &str) -> f64 {
     metric(
-        hub,
         text,
         "outpost_node_lease_renewals_total{result=\"renewed\"}",
     )
@@ -471,19 +466,15 @@ async fn a_failing_kubelet_healthz_with_lease_calls_keeps_renewing() {
     let url = format!("--kubelet-healthz-url=http://{healthz}/healthz");
     let hub = start_hub(&cluster, &["--kubelet-health-grace-period=3s", &url]);
     kubelet_calls_for(&hub, Duration::from_secs(2)).await;
-    let before = renewed(&hub, &metrics_text(&hub).await);
+    let before = renewed(&metrics_text(&hub).await);
     assert!(before >= 1.0, "renewing while healthy");
 
     code.store(500, Ordering::SeqCst);
     kubelet_calls_for(&hub, Duration::from_secs(3)).await;
     let text = metrics_text(&hub).await;
-    assert_eq!(
-        metric(&hub, &text, "outpost_kubelet_healthz_ok"),
-        0.0,
-        "{text}"
-    );
+    assert_eq!(metric(&text, "outpost_kubelet_healthz_ok"), 0.0, "{text}");
     assert!(
-        renewed(&hub, &text) >= before + 2.0,
+        renewed(&text) >= before + 2.0,
         "lease calls continue, so do renewals: {text}"
     );
     assert!(
@@ -493,10 +484,10 @@ async fn a_failing_kubelet_healthz_with_lease_calls_keeps_renewing() {
 
     // Quiet past the grace period, then back with the endpoint still failing: no renewal.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let stopped = renewed(&hub, &metrics_text(&hub).await);
+    let stopped = renewed(&metrics_text(&hub).await);
     kubelet_calls_for(&hub, Duration::from_secs(2)).await;
     assert_eq!(
-        renewed(&hub, &metrics_text(&hub).await),
+        renewed(&metrics_text(&hub).await),
         stopped,
         "not trusted on return"
     );
@@ -504,7 +495,7 @@ async fn a_failing_kubelet_healthz_with_lease_calls_keeps_renewing() {
     code.store(200, Ordering::SeqCst);
     kubelet_calls_for(&hub, Duration::from_secs(2)).await;
     assert!(
-        renewed(&hub, &metrics_text(&hub).await) > stopped,
+        renewed(&metrics_text(&hub).await) > stopped,
         "resumed once healthy"
     );
     server.abort();

@@ -7,10 +7,12 @@
 //! - [`request_info`]: verb / group / version / resource / namespace / name / component.
 //! - [`selector`]: label and field selectors (parse, match), as `k8s.io/apimachinery` defines them.
 //! - [`status`]: Kubernetes `Status` error bodies; every error a client sees is one of these.
+//! - [`time`]: `metav1.Time` / `MicroTime` text.
 
 pub mod request_info;
 pub mod selector;
 pub mod status;
+pub mod time;
 
 pub use request_info::{ClassifyError, RequestInfo, Verb};
 pub use status::{Reason, Status};

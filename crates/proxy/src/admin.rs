@@ -19,7 +19,6 @@ use outpost_certs::IdentityInfo;
 
 use crate::body::{self, ProxyBody};
 use crate::health::ServerStates;
-use crate::health::lease::micro_time;
 use crate::hubcfg::SyncState;
 use crate::metrics::Metrics;
 
@@ -234,20 +233,22 @@ impl Admin {
         let ready = checks.iter().all(|(c, _)| c.ok);
         let mut out = String::new();
         for (c, since) in &checks {
-            let since = micro_time(*since);
-            let since = since.split('.').next().unwrap_or(&since);
+            let since = outpost_core::time::rfc3339(
+                since
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default(),
+            );
             match (c.ok, verbose) {
                 (true, _) if c.degraded => out.push_str(&format!(
-                    "[+]{} degraded: {} (since {since}Z)\n",
+                    "[+]{} degraded: {} (since {since})\n",
                     c.name, c.detail
                 )),
-                (true, false) => out.push_str(&format!("[+]{} ok (since {since}Z)\n", c.name)),
-                (true, true) => out.push_str(&format!(
-                    "[+]{} ok: {} (since {since}Z)\n",
-                    c.name, c.detail
-                )),
+                (true, false) => out.push_str(&format!("[+]{} ok (since {since})\n", c.name)),
+                (true, true) => {
+                    out.push_str(&format!("[+]{} ok: {} (since {since})\n", c.name, c.detail))
+                }
                 (false, _) => out.push_str(&format!(
-                    "[-]{} failed: {} (since {since}Z)\n",
+                    "[-]{} failed: {} (since {since})\n",
                     c.name, c.detail
                 )),
             }

@@ -8,8 +8,6 @@
 
 use serde_json::{Value, json};
 
-use super::lease::micro_time;
-
 const DEPRECATED_ANNOTATION: &str = "node.beta.openyurt.io/autonomy";
 const DURATION_ANNOTATION: &str = "node.openyurt.io/autonomy-duration";
 const EDGE_WORKER_LABEL: &str = "openyurt.io/is-edge-worker";
@@ -56,8 +54,10 @@ pub fn updated_conditions(node: &Value, cache_failures: u32) -> Option<Vec<Value
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let now = micro_time(std::time::SystemTime::now());
-    let now = now.split('.').next().unwrap_or(&now).to_owned() + "Z";
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let now = outpost_core::time::rfc3339(since_epoch);
     match conditions.iter_mut().find(|c| c["type"] == "Autonomy") {
         Some(c) if c["status"] == status && c["reason"] == reason && c["message"] == message => {
             None

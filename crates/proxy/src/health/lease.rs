@@ -170,47 +170,14 @@ fn parse(bytes: &[u8]) -> Result<Value, String> {
     serde_json::from_slice(bytes).map_err(|e| format!("undecodable lease response: {e}"))
 }
 
-/// `metav1.MicroTime` as kube-apiserver writes it: RFC 3339, UTC, microseconds.
+/// `metav1.MicroTime` of `t`, as kube-apiserver writes `renewTime`.
 pub fn micro_time(t: SystemTime) -> String {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_micros()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    outpost_core::time::micro_time(t.duration_since(UNIX_EPOCH).unwrap_or_default())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn micro_time_matches_the_apiserver_format() {
-        let t = UNIX_EPOCH + Duration::from_micros(1_795_463_061_123_456);
-        assert_eq!(micro_time(t), "2026-11-23T19:44:21.123456Z");
-        assert_eq!(micro_time(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
-        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
-        assert!(micro_time(leap).starts_with("2000-02-29T00:00:00"));
-    }
 
     #[test]
     fn renewal_fields_and_the_delegate_annotation() {

@@ -103,7 +103,6 @@ impl LocalLease {
         };
         let mut resp = json_response(value.to_string(), "application/json");
         *resp.status_mut() = status;
-        resp.headers_mut().remove("x-outpost-served-from");
         resp.headers_mut().insert(
             "x-outpost-served-from",
             http::HeaderValue::from_static("local-lease"),
