@@ -55,6 +55,17 @@ pub enum Verdict {
     Drop,
 }
 
+impl Verdict {
+    /// `Changed` when the filter modified the object, else `Keep`.
+    pub fn changed_if(changed: bool) -> Verdict {
+        if changed {
+            Verdict::Changed
+        } else {
+            Verdict::Keep
+        }
+    }
+}
+
 /// One response filter. Implementations are unit structs; see [`crate::filters`].
 pub trait Filter: Send + Sync + 'static {
     /// The name used by `--disabled-resource-filters` and the `yurt-hub-cfg` keys.

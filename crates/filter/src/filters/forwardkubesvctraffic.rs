@@ -64,11 +64,7 @@ impl Filter for ForwardKubeSvcTraffic {
         }]);
         let mut changed = replace(&mut obj["endpoints"], endpoints);
         changed |= set_named_port(obj.get_mut("ports"), KUBERNETES_PORT_NAME, ctx.hub_port());
-        if changed {
-            Verdict::Changed
-        } else {
-            Verdict::Keep
-        }
+        Verdict::changed_if(changed)
     }
 }
 

@@ -50,10 +50,8 @@ impl Filter for MasterService {
         changed |= set_named_port(spec.get_mut("ports"), KUBERNETES_PORT_NAME, ctx.hub_port());
         if changed {
             tracing::debug!(host = %ctx.hub_host(), port = ctx.hub_port(), "masterservice: rewrote default/kubernetes");
-            Verdict::Changed
-        } else {
-            Verdict::Keep
         }
+        Verdict::changed_if(changed)
     }
 }
 

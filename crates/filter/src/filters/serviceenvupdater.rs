@@ -79,11 +79,7 @@ impl Filter for ServiceEnvUpdater {
             };
             changed |= replace(&mut var["value"], new.clone());
         }
-        if changed {
-            Verdict::Changed
-        } else {
-            Verdict::Keep
-        }
+        Verdict::changed_if(changed)
     }
 }
 

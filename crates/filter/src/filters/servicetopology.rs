@@ -83,11 +83,7 @@ impl Filter for ServiceTopology {
             "Endpoints" => retain_endpoints_addresses(obj, &scope),
             _ => false,
         };
-        if changed {
-            Verdict::Changed
-        } else {
-            Verdict::Keep
-        }
+        Verdict::changed_if(changed)
     }
 
     /// EndpointSlices (kube-proxy's and coredns' steady diet) are trimmed on their JSON text:
