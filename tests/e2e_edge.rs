@@ -456,6 +456,27 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     watcher_task.abort();
 }
 
+/// Polls `/metrics` (bounded) until each `outpost_cache_writes_total{labels}` has counted a write.
+async fn until_durable(hub: &HubProcess, labels: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text =
+            String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned();
+        let counted = |l: &&str| {
+            text.lines()
+                .any(|line| line.starts_with(&format!("outpost_cache_writes_total{{{l}}} ")))
+        };
+        if labels.iter().all(counted) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "writes {labels:?} never applied:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     let cluster = cluster_with_pods(&["a", "b"]).await;
@@ -468,6 +489,16 @@ async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
         cluster.fake.refuse_connections();
         until_cached(&hub, &scope).await;
         until_cached(&hub, &node_path).await;
+        // A write is readable once committed but durable once the writer's flush returns, which
+        // the writes counter marks; only then does a SIGKILL owe us the data.
+        until_durable(
+            &hub,
+            &[
+                "op=\"list\",outcome=\"replaced\"",
+                "op=\"object\",outcome=\"stored\"",
+            ],
+        )
+        .await;
         // Dropping the guard sends SIGKILL: no shutdown path runs.
     }
     let hub = cluster.start_hub();
