@@ -68,6 +68,7 @@ impl Upstream {
             edge,
             namespace: "kube-system".into(),
             health: outpost_proxy::health::HealthConfig::default(),
+            filters: None,
         }
     }
 

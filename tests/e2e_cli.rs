@@ -150,6 +150,9 @@ fn help_and_version_succeed() {
         "--kubelet-ca-file",
         "--enable-dummy-if",
         "--heartbeat-interval-seconds",
+        "--enable-resource-filter",
+        "--disabled-resource-filters",
+        "--nodepool-name",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }

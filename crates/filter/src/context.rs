@@ -126,6 +126,12 @@ impl FilterContext {
         self
     }
 
+    /// Forgets every NodePool (before a relist).
+    pub fn clear_pools(&mut self) -> &mut Self {
+        self.pools.clear();
+        self
+    }
+
     pub fn remove_pool(&mut self, pool: &str) -> &mut Self {
         self.pools.remove(pool);
         self

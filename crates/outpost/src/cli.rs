@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use outpost_core::request_info::parse_go_duration;
+use outpost_filter::FilterConfig;
+use outpost_proxy::filtering::FilterSettings;
 use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::{LbMode, Server};
 
@@ -138,7 +140,8 @@ pub struct HubFlags {
     /// The name of this node.
     #[arg(long)]
     pub node_name: Option<String>,
-    /// The node pool this node belongs to.
+    /// The node pool this node belongs to (filters' pool scope). Unlike yurthub it may be left
+    /// out: the node's `apps.openyurt.io/nodepool` label is used then.
     #[arg(long)]
     pub nodepool_name: Option<String>,
     /// edge: cache for autonomy; cloud: proxy and filters only.
@@ -201,14 +204,17 @@ pub struct HubFlags {
     /// How requests are spread over several servers.
     #[arg(long, value_enum, default_value = "rr")]
     pub lb_mode: LbModeFlag,
-    /// Create the dummy interface for the hub's IP (accepted; the interface is not created yet).
+    /// Whether the hub answers on the dummy interface's IP: rewritten Services point at
+    /// `--dummy-if-ip` when true, at `--bind-proxy-address` when false (the interface is not
+    /// created yet).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_dummy_if: bool,
-    /// IP of the dummy interface (default 169.254.2.1).
+    /// IP of the dummy interface (default 169.254.2.1): where masterservice and friends point
+    /// in-cluster clients.
     #[arg(long, default_value = "169.254.2.1")]
     pub dummy_if_ip: IpAddr,
-    /// Enable response filters (accepted; filters are not applied yet).
+    /// Enable response filters (yurthub's seven; see `--disabled-resource-filters`).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_resource_filter: bool,
@@ -228,7 +234,8 @@ pub struct HubFlags {
 pub struct ValidatedHub {
     pub servers: Vec<Server>,
     pub node_name: String,
-    pub nodepool_name: String,
+    /// `--nodepool-name`; `None`: the node's pool label.
+    pub nodepool_name: Option<String>,
     pub working_mode: WorkingMode,
     pub proxy_addr: SocketAddr,
     pub admin_addr: SocketAddr,
@@ -242,6 +249,7 @@ pub struct ValidatedHub {
     /// `--namespace`: where `yurt-hub-cfg` lives.
     pub namespace: String,
     pub health: HealthConfig,
+    pub filters: FilterSettings,
 }
 
 impl HubFlags {
@@ -256,14 +264,19 @@ impl HubFlags {
                         and --kubelet-ca-file)"
                 .into());
         }
-        let nodepool_name = required(&self.nodepool_name, "--nodepool-name")?;
+        let nodepool_name = self
+            .nodepool_name
+            .as_deref()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned);
         if self.heartbeat_timeout_seconds == 0 {
             return Err("--heartbeat-timeout-seconds must be at least 1".into());
         }
         Ok(ValidatedHub {
             servers,
-            node_name,
-            nodepool_name,
+            node_name: node_name.clone(),
+            nodepool_name: nodepool_name.clone(),
             working_mode: self.working_mode,
             proxy_addr: SocketAddr::new(self.bind_proxy_address, self.proxy_port),
             admin_addr: SocketAddr::new(self.bind_address, self.serve_port),
@@ -278,6 +291,21 @@ impl HubFlags {
                 LbModeFlag::Priority => LbMode::Priority,
             },
             namespace: self.namespace.clone(),
+            filters: FilterSettings {
+                config: FilterConfig {
+                    enabled: self.enable_resource_filter,
+                    disabled: self.disabled_resource_filters.clone(),
+                    cloud_mode: self.working_mode == WorkingMode::Cloud,
+                },
+                node_name: node_name.clone(),
+                pool_name: nodepool_name.clone(),
+                hub_host: if self.enable_dummy_if {
+                    self.dummy_if_ip
+                } else {
+                    self.bind_proxy_address
+                },
+                hub_port: self.proxy_secure_port,
+            },
             health,
         })
     }
@@ -412,10 +440,8 @@ mod tests {
             "--bootstrap-mode=kubeletcertificate",
         ])
         .unwrap();
-        assert_eq!(
-            no_pool.hub.validate().unwrap_err(),
-            "--nodepool-name is required"
-        );
+        // Unlike yurthub, the pool may come from the node's label instead.
+        assert_eq!(no_pool.hub.validate().unwrap().nodepool_name, None);
     }
 
     #[test]

@@ -100,6 +100,7 @@ async fn run() -> Result<()> {
             interval: Duration::from_secs(1),
             ..outpost_proxy::health::HealthConfig::default()
         },
+        filters: None,
     })
     .await?;
     println!(

@@ -46,7 +46,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
     }
     info!(
         node = %v.node_name,
-        pool = %v.nodepool_name,
+        pool = v.nodepool_name.as_deref().unwrap_or("(from the node's label)"),
         mode = ?v.working_mode,
         identity = %tls.identity.user,
         "starting outpost"
@@ -64,6 +64,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         edge,
         namespace: v.namespace.clone(),
         health: v.health.clone(),
+        filters: Some(v.filters.clone()),
     };
     Ok((config, v))
 }

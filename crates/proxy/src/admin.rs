@@ -60,6 +60,8 @@ pub struct Readiness {
     pub edge: bool,
     /// Whether `yurt-hub-cfg` has been read.
     pub config: Option<tokio::sync::watch::Receiver<SyncState>>,
+    /// Whether the filters' side data (Services, NodePools, the Node) has been read.
+    pub side_data: crate::filtering::SideSync,
     /// How long a check must fail before readiness reports it (two probe intervals).
     pub flap_guard: Duration,
     /// Per check: the reported state, since when, and since when it has been failing.
@@ -83,26 +85,50 @@ impl Readiness {
                 .map(|c| cache_check(c, self.cache_volatile.as_deref())),
         );
         checks.extend(self.servers.as_deref().map(|s| servers_check(s, self.edge)));
-        checks.extend(self.config.as_ref().map(|c| self.config_check(&c.borrow())));
+        checks.extend(
+            self.config
+                .as_ref()
+                .map(|c| self.sync_check("config", "yurt-hub-cfg", &c.borrow())),
+        );
+        if !self.side_data.states.is_empty() {
+            checks.push(self.side_data_check());
+        }
         checks
     }
 
-    fn config_check(&self, state: &SyncState) -> CheckResult {
+    /// One check over the filters' reflectors: the first that is not synced decides it.
+    fn side_data_check(&self) -> CheckResult {
+        let mut synced = Vec::new();
+        for (name, state) in &self.side_data.states {
+            let state = state.borrow();
+            match &*state {
+                SyncState::Synced { source } => synced.push(format!("{name} from {source}")),
+                other => return self.sync_check("filters", name, other),
+            }
+        }
+        CheckResult::new(
+            "filters",
+            true,
+            format!("side data read: {}", synced.join(", ")),
+        )
+    }
+
+    /// Whether `what` has been read: from the cloud or the cache is ready; never read is
+    /// degraded while the cloud is unreachable (defaults apply), else not ready.
+    fn sync_check(&self, name: &'static str, what: &str, state: &SyncState) -> CheckResult {
         let offline = self.servers.as_deref().is_some_and(|s| !s.is_online());
         match state {
             SyncState::Synced { source } => {
-                CheckResult::new("config", true, format!("yurt-hub-cfg read from {source}"))
+                CheckResult::new(name, true, format!("{what} read from {source}"))
             }
             _ if offline => {
-                let mut check = CheckResult::new("config", true, String::new());
+                let mut check = CheckResult::new(name, true, String::new());
                 check.degraded = true;
-                check.detail = "yurt-hub-cfg never read (cloud unreachable); defaults apply".into();
+                check.detail = format!("{what} never read (cloud unreachable); defaults apply");
                 check
             }
-            SyncState::Pending => {
-                CheckResult::new("config", false, "yurt-hub-cfg not read yet".into())
-            }
-            SyncState::Failing { cause } => CheckResult::new("config", false, cause.clone()),
+            SyncState::Pending => CheckResult::new(name, false, format!("{what} not read yet")),
+            SyncState::Failing { cause } => CheckResult::new(name, false, cause.clone()),
         }
     }
 
@@ -298,6 +324,7 @@ mod tests {
             servers: None,
             edge: false,
             config: None,
+            side_data: Default::default(),
             flap_guard,
             history: Mutex::default(),
         }
@@ -330,6 +357,7 @@ mod tests {
             servers: None,
             edge: false,
             config: None,
+            side_data: Default::default(),
             flap_guard: Duration::ZERO,
             history: Mutex::default(),
         };

@@ -27,3 +27,30 @@ pub fn empty() -> ProxyBody {
 pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
     body.map_err(BoxError::from).boxed()
 }
+
+/// The next newline-terminated line of a streamed body (a watch event), skipping blank lines;
+/// `None` at the body's end. `buf` keeps what has arrived beyond the line; the call is
+/// cancel-safe.
+pub async fn next_line(
+    body: &mut hyper::body::Incoming,
+    buf: &mut bytes::BytesMut,
+) -> Result<Option<Bytes>, hyper::Error> {
+    loop {
+        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line = buf.split_to(end + 1).freeze();
+            if line.trim_ascii().is_empty() {
+                continue;
+            }
+            return Ok(Some(line));
+        }
+        match body.frame().await {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    buf.extend_from_slice(data);
+                }
+            }
+        }
+    }
+}

@@ -261,29 +261,13 @@ async fn collect(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
         .map_err(|e| bad_reply(e.to_string()))
 }
 
-/// The next newline-terminated line of a streamed body; `None` at its end.
 async fn next_line(
     body: &mut hyper::body::Incoming,
     buf: &mut BytesMut,
 ) -> Result<Option<Bytes>, ProxyError> {
-    loop {
-        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            let line = buf.split_to(end + 1).freeze();
-            if line.trim_ascii().is_empty() {
-                continue;
-            }
-            return Ok(Some(line));
-        }
-        match body.frame().await {
-            None => return Ok(None),
-            Some(Err(e)) => return Err(bad_reply(e.to_string())),
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    buf.extend_from_slice(data);
-                }
-            }
-        }
-    }
+    body::next_line(body, buf)
+        .await
+        .map_err(|e| bad_reply(e.to_string()))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Outpost's listeners and request pipeline.
 //!
 //! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route →
-//! remote | cache → respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
+//! remote | cache → filter → respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
 //! listeners; the `outpost` binary, the tests and the demo all run the hub through it.
 //!
 //! - [`pipeline`]: the four stages of one request.
@@ -11,6 +11,8 @@
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
+//! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
+//! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`.
 //! - [`server`]: HTTP/1.1 accept loops with graceful shutdown.
@@ -19,11 +21,13 @@ pub mod admin;
 pub mod body;
 pub mod edge;
 pub mod error;
+pub mod filtering;
 pub mod headers;
 pub mod health;
 pub mod hubcfg;
 pub mod metrics;
 pub mod pipeline;
+pub mod reflector;
 pub mod route;
 pub mod server;
 pub mod upstream;
@@ -54,6 +58,9 @@ pub struct HubConfig {
     pub namespace: String,
     /// Probes, heartbeat and kubelet gating.
     pub health: health::HealthConfig,
+    /// Response filters; `None` turns filtering off entirely (as does
+    /// `--enable-resource-filter=false`).
+    pub filters: Option<filtering::FilterSettings>,
 }
 
 /// The edge cache's settings.
@@ -152,6 +159,7 @@ impl Hub {
             servers: Some(states.clone()),
             edge: edge.is_some(),
             config: None,
+            side_data: Default::default(),
             flap_guard: config.health.interval * 2,
             history: std::sync::Mutex::default(),
         };
@@ -174,6 +182,25 @@ impl Hub {
                 edge.policy().clone(),
             )));
         }
+        let filtering = match &config.filters {
+            Some(settings) => {
+                let (filtering, side_tasks, side_sync) = filtering::SideData::start(
+                    settings,
+                    &upstream,
+                    edge.as_ref().map(|e| e.store()),
+                    &metrics,
+                    &shutdown_rx,
+                );
+                tasks.extend(side_tasks);
+                tasks.push(tokio::spawn(filtering::apply_hub_cfg(
+                    cfg_watch.subscribe(),
+                    filtering.clone(),
+                )));
+                readiness.side_data = side_sync;
+                Some(filtering)
+            }
+            None => None,
+        };
         readiness.config = Some(cfg_watch.sync_state());
         tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
         let local_lease = match (&heartbeat, &config.health.heartbeat) {
@@ -209,6 +236,7 @@ impl Hub {
             edge,
             local_lease,
             node_status,
+            filtering,
         });
         let admin = Arc::new(admin::Admin { readiness, metrics });
 

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub lease_renewals: IntCounterVec,
     /// 1 when kubelet's health endpoint last answered OK, 0 when it failed; absent when disabled.
     pub kubelet_healthz_ok: IntGauge,
+    /// Filtered responses (and changed watch events) by kind, shape and outcome.
+    pub filtered: IntCounterVec,
 }
 
 impl Metrics {
@@ -170,6 +172,15 @@ impl Metrics {
             "1 when kubelet's health endpoint last answered OK.",
         )
         .expect("valid metric definition");
+        let filtered = IntCounterVec::new(
+            Opts::new(
+                "outpost_filtered_total",
+                "Filtered bodies by object kind, shape (object, list, event, response) and outcome \
+                 (unchanged, replaced, undecodable: passed on as received).",
+            ),
+            &["kind", "shape", "outcome"],
+        )
+        .expect("valid metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
@@ -187,6 +198,7 @@ impl Metrics {
             Box::new(probe_latency.clone()),
             Box::new(lease_renewals.clone()),
             Box::new(kubelet_healthz_ok.clone()),
+            Box::new(filtered.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -208,6 +220,7 @@ impl Metrics {
             probe_latency,
             lease_renewals,
             kubelet_healthz_ok,
+            filtered,
         }
     }
 

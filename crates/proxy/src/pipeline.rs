@@ -1,10 +1,10 @@
 //! The request lifecycle, written down once and read top to bottom:
 //!
 //! ```text
-//!   client ──▶ 1. classify ──▶ 2. route ──┬─▶ 3a. remote ──(tee)──┬─▶ 4. respond ──▶ client
-//!              RequestInfo      Route      │   Upstream (TLS)      │   Status on error,
-//!              (400 if bad)     CachePlan  └─▶ 3b. cache ──────────┘   metrics, logs
-//!                                               (edge mode, cloud unreachable)
+//!   client ─▶ 1. classify ─▶ 2. route ──┬─▶ 3a. remote ──(tee)──┬─▶ 4. filter ─▶ 5. respond ─▶ client
+//!             RequestInfo     Route      │   Upstream (TLS)      │   Chain or     Status on error,
+//!             (400 if bad)    CachePlan  └─▶ 3b. cache ──────────┘   untouched    metrics, logs
+//!                             Chain           (edge mode, cloud unreachable)
 //! ```
 //!
 //! 1. [`classify`]: one [`RequestInfo`] per request (kube-apiserver's rules); a request the
@@ -18,7 +18,9 @@
 //!    Edge mode also answers two of kubelet's requests itself: its own lease
 //!    ([`crate::health::local_lease`], the heartbeat's evidence) and, offline, its node-status
 //!    PATCH ([`crate::health::node_status`], replayed on reconnect).
-//! 4. `Pipeline::respond`: errors become Kubernetes `Status` bodies (in
+//! 4. [`Filtering::apply`]: when filters apply ([`crate::filtering`]), the answer — from the
+//!    cloud or the cache alike — is rewritten on its way out; the cache keeps the upstream truth.
+//! 5. `Pipeline::respond`: errors become Kubernetes `Status` bodies (in
 //!    [`ProxyError::into_status`]), and every response is counted and logged once.
 
 use std::sync::Arc;
@@ -35,6 +37,7 @@ use tracing::{debug, warn};
 use crate::body::{self, ProxyBody};
 use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
+use crate::filtering::Filtering;
 use crate::headers;
 use crate::metrics::Metrics;
 use crate::route::{self, Route};
@@ -50,10 +53,12 @@ pub struct Pipeline {
     pub local_lease: Option<crate::health::local_lease::LocalLease>,
     /// Edge mode only: kubelet's node status while offline.
     pub node_status: Option<Arc<crate::health::node_status::NodeStatus>>,
+    /// Response filters (absent when turned off entirely).
+    pub filtering: Option<Arc<Filtering>>,
 }
 
 impl Pipeline {
-    /// Serves one client request through all four stages.
+    /// Serves one client request through all five stages.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
         let started = Instant::now();
         let info = match classify(&req) {
@@ -67,7 +72,9 @@ impl Pipeline {
             self.edge.as_ref(),
             self.local_lease.as_ref(),
             self.node_status.as_deref(),
+            self.filtering.as_deref(),
         );
+        let chain = route.filter.clone();
         let result = match (&self.edge, route.cache.clone()) {
             _ if route.tunnel => self.tunnel(route, &info, req).await,
             _ if route.kubelet_lease => self.kubelet_lease(route, &info, req).await,
@@ -77,6 +84,12 @@ impl Pipeline {
             },
             (Some(edge), Some(plan)) if route.local => edge.serve(plan, &info, req.headers()).await,
             _ => self.remote(route, &info, req).await,
+        };
+        let result = match (&self.filtering, chain, result) {
+            (Some(filtering), Some(chain), Ok(resp)) => {
+                filtering.apply(chain, info.verb, resp).await
+            }
+            (_, _, result) => result,
         };
         self.respond(Some(&info), result, started, Some(in_flight))
     }
@@ -137,6 +150,9 @@ impl Pipeline {
                 upstream_request(&parts, body.take().unwrap_or_else(body::empty));
             if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
                 edge.prepare_upstream(plan, upstream_req.headers_mut());
+            }
+            if route.filter.is_some() {
+                Filtering::prepare_upstream(upstream_req.headers_mut());
             }
             sent = self.send(server, &route, upstream_req, deadline).await;
             let failed = self.note_outcome(server, &sent);
@@ -247,7 +263,7 @@ impl Pipeline {
         Ok(client_response(resp, false))
     }
 
-    /// Stage 4: turn errors into Status bodies, count and log once, attach stream accounting.
+    /// Stage 5: turn errors into Status bodies, count and log once, attach stream accounting.
     fn respond(
         &self,
         info: Option<&RequestInfo>,

@@ -3,19 +3,23 @@
 //! What varies is the identity presented upstream (the node's certificate, or none when the
 //! caller brings a bearer token, as yurthub does), whether the request switches protocols, and in
 //! edge mode whether the cache takes part ([`CachePlan`]) and whether the cloud is known to be
-//! unreachable, in which case the request is answered locally without trying upstream.
+//! unreachable, in which case the request is answered locally without trying upstream; and which
+//! response filters apply.
 
 use http::HeaderMap;
 use outpost_core::RequestInfo;
 
+use outpost_filter::Chain;
+
 use crate::edge::{CachePlan, Edge};
+use crate::filtering::Filtering;
 use crate::headers;
 use crate::health::local_lease::LocalLease;
 use crate::health::node_status::NodeStatus;
 use crate::upstream::Identity;
 
 /// How one request is served.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Route {
     pub identity: Identity,
     /// exec / attach / port-forward: after `101 Switching Protocols` both sockets are spliced.
@@ -31,6 +35,8 @@ pub struct Route {
     /// it is answered locally without waiting for upstream. Other requests are still tried
     /// upstream (a write that could succeed is never refused on stale evidence).
     pub local: bool,
+    /// The response filters that apply (`None`: the response streams through untouched).
+    pub filter: Option<Chain>,
 }
 
 /// Decides the route from the classification, the request headers and the edge state.
@@ -40,6 +46,7 @@ pub fn decide(
     edge: Option<&Edge>,
     local_lease: Option<&LocalLease>,
     node_status: Option<&NodeStatus>,
+    filtering: Option<&Filtering>,
 ) -> Route {
     let identity = if headers::has_bearer_token(headers) {
         Identity::Bearer
@@ -56,6 +63,11 @@ pub fn decide(
         kubelet_lease: !tunnel && local_lease.is_some_and(|l| l.handles(info)),
         local: cache.is_some() && offline,
         cache,
+        filter: if tunnel {
+            None
+        } else {
+            filtering.and_then(|f| f.chain(info))
+        },
     }
 }
 
@@ -72,14 +84,21 @@ mod tests {
     fn bearer_callers_keep_their_identity() {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer t0k3n"));
-        let r = decide(&info("/api/v1/pods"), &h, None, None, None);
+        let r = decide(&info("/api/v1/pods"), &h, None, None, None, None);
         assert_eq!(r.identity, Identity::Bearer);
         assert!(!r.tunnel);
     }
 
     #[test]
     fn others_go_as_the_node() {
-        let r = decide(&info("/api/v1/pods"), &HeaderMap::new(), None, None, None);
+        let r = decide(
+            &info("/api/v1/pods"),
+            &HeaderMap::new(),
+            None,
+            None,
+            None,
+            None,
+        );
         assert_eq!(r.identity, Identity::Node);
     }
 
@@ -91,6 +110,7 @@ mod tests {
         let r = decide(
             &info("/api/v1/namespaces/d/pods/p/exec?command=sh"),
             &h,
+            None,
             None,
             None,
             None,

@@ -146,6 +146,7 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
         edge: None,
         namespace: "kube-system".into(),
         health: outpost_proxy::health::HealthConfig::default(),
+        filters: None,
     })
     .await
     .unwrap();

@@ -91,8 +91,15 @@ async fn hub_rbac_manifest_grants_the_node_its_extra_permissions() {
             .status,
         403
     );
+    // NodePools are granted (list and watch) for servicetopology's pool scope; get is not.
     assert_eq!(
         node.get("/apis/apps.openyurt.io/v1beta1/nodepools")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        node.get("/apis/apps.openyurt.io/v1beta1/nodepools/pool-a")
             .await
             .status,
         403

@@ -1,0 +1,534 @@
+//! Response filtering, the pipeline's stage between answering (remote or cache) and responding.
+//!
+//! Start at [`Filtering`]: at route time [`Filtering::chain`] says which filters apply (usually
+//! none, and then the response streams through untouched); [`Filtering::prepare_upstream`] asks
+//! upstream for JSON, which filters read; [`Filtering::apply`] rewrites the response: a GET or
+//! LIST body whole, a WATCH stream line by line ([`FilteredWatch`]).
+//!
+//! Filtering sits *after* the cache tee and applies to cache answers too: the cache keeps the
+//! upstream truth, offline answers are filtered exactly as online ones, and a change of filter
+//! configuration (a `yurt-hub-cfg` edit, a Service annotation) applies to cached data at once.
+//!
+//! The side data filters read (Services, NodePools, this Node's pool label) comes from
+//! [`SideData`]: reflectors ([`crate::reflector`]) the hub keeps with its own identity, cached
+//! for offline starts, whose sync readiness waits for.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Response, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use outpost_cache::Store;
+use outpost_core::{RequestInfo, Verb};
+use outpost_filter::side::{NodePoolEntry, ServiceEntry, resolve_pool_name};
+use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, LineFramer, Needs, Outcome};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::body::{self, BoxError, ProxyBody};
+use crate::edge::negotiate;
+use crate::error::ProxyError;
+use crate::hubcfg::{HubCfg, SyncState};
+use crate::metrics::Metrics;
+use crate::reflector::{Handler, Reflector};
+use crate::upstream::Upstream;
+
+/// Bodies larger than this are filtered on a blocking thread, off the async workers.
+const BLOCKING_ABOVE: usize = 256 << 10;
+/// A GET or LIST body larger than this is passed unfiltered (and counted).
+const MAX_FILTERED_BODY: usize = 256 << 20;
+
+/// Filters that send in-cluster clients to `hub_host:hub_port` (HTTPS) instead of the apiserver.
+const REDIRECTING_FILTERS: [&str; 4] = [
+    "masterservice",
+    "forwardkubesvctraffic",
+    "inclusterconfig",
+    "serviceenvupdater",
+];
+
+/// The filter flags and the node facts filters depend on.
+#[derive(Debug, Clone)]
+pub struct FilterSettings {
+    /// `--enable-resource-filter`, `--disabled-resource-filters`, `--working-mode`.
+    pub config: FilterConfig,
+    pub node_name: String,
+    /// `--nodepool-name`; `None` (or empty): the node's `apps.openyurt.io/nodepool` label.
+    pub pool_name: Option<String>,
+    /// Where rewritten Services point in-cluster clients: `--dummy-if-ip` (or the bind proxy
+    /// address without the dummy interface) and `--proxy-secure-port`.
+    pub hub_host: IpAddr,
+    pub hub_port: u16,
+}
+
+/// The filters and their current side data, shared by every request.
+pub struct Filtering {
+    set: RwLock<FilterSet>,
+    ctx: watch::Receiver<Arc<FilterContext>>,
+    metrics: Metrics,
+}
+
+impl Filtering {
+    /// The filter chain for this request, if any filter applies.
+    pub fn chain(&self, info: &RequestInfo) -> Option<Chain> {
+        self.set
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .for_request(info)
+    }
+
+    /// Asks upstream for uncompressed JSON when the client accepts it, so the filters can read
+    /// the answer; a client that accepts no JSON gets its own encoding, unfiltered (counted).
+    pub fn prepare_upstream(headers: &mut HeaderMap) {
+        if negotiate::accepts_json(headers) {
+            negotiate::ask_for_json(headers);
+        }
+    }
+
+    /// Applies `chain` to a response: 2xx JSON only; anything else passes as it came.
+    pub async fn apply(
+        &self,
+        chain: Chain,
+        verb: Verb,
+        resp: Response<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        if !resp.status().is_success() {
+            return Ok(resp);
+        }
+        if !negotiate::is_plain_json(resp.headers()) {
+            self.count(&chain, "response", "undecodable");
+            debug!(kind = chain.kind(), "response not JSON; passed unfiltered");
+            return Ok(resp);
+        }
+        if verb == Verb::Watch {
+            let (ctx, metrics) = (self.ctx.clone(), self.metrics.clone());
+            return Ok(
+                resp.map(move |inner| FilteredWatch::new(inner, chain, ctx, metrics).boxed())
+            );
+        }
+        self.apply_whole(chain, verb, resp).await
+    }
+
+    /// GET, LIST, PATCH: the whole body, filtered at once.
+    async fn apply_whole(
+        &self,
+        chain: Chain,
+        verb: Verb,
+        resp: Response<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (mut parts, body) = resp.into_parts();
+        let Some(bytes) = collect_up_to(body, MAX_FILTERED_BODY).await? else {
+            self.count(&chain, "response", "too_large");
+            return Err(ProxyError::BadReply {
+                server: "upstream".into(),
+                cause: format!("response body larger than {MAX_FILTERED_BODY} bytes to filter"),
+            });
+        };
+        let ctx = self.ctx.borrow().clone();
+        let filter = move |chain: Chain, bytes: Bytes| {
+            let outcome = if verb == Verb::List {
+                chain.filter_list(&bytes, &ctx)
+            } else {
+                chain.filter_object(&bytes, &ctx)
+            };
+            (chain, outcome, bytes)
+        };
+        let (chain, outcome, bytes) = if bytes.len() > BLOCKING_ABOVE {
+            tokio::task::spawn_blocking(move || filter(chain, bytes))
+                .await
+                .map_err(|e| ProxyError::Cache(format!("filter task: {e}")))?
+        } else {
+            filter(chain, bytes)
+        };
+        let shape = if verb == Verb::List { "list" } else { "object" };
+        self.count(&chain, shape, outcome_label(&outcome));
+        if let Outcome::Undecodable(e) = &outcome {
+            warn!(kind = chain.kind(), error = %e, "response body not decodable; passed unfiltered");
+        }
+        let out = outcome.into_bytes(bytes);
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Ok(Response::from_parts(parts, body::full(out)))
+    }
+
+    fn count(&self, chain: &Chain, shape: &str, outcome: &str) {
+        self.metrics
+            .filtered
+            .with_label_values(&[chain.kind(), shape, outcome])
+            .inc();
+    }
+
+    /// Applies `yurt-hub-cfg`: filter-named keys add components. Logs a change.
+    fn set_hub_cfg(&self, data: &BTreeMap<String, String>) {
+        let mut set = self.set.write().unwrap_or_else(|p| p.into_inner());
+        let before = set.clone();
+        set.set_hub_cfg(data);
+        if *set != before {
+            let components: Vec<String> = set
+                .names()
+                .map(|n| format!("{n}={}", set.components(n).unwrap_or_default().join("+")))
+                .collect();
+            info!(?components, "filter components changed");
+        }
+    }
+}
+
+/// The whole body, or `None` once it grows past `max` bytes.
+async fn collect_up_to(mut body: ProxyBody, max: usize) -> Result<Option<Bytes>, ProxyError> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ProxyError::BadReply {
+            server: "upstream".into(),
+            cause: format!("response body: {e}"),
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > max {
+                return Ok(None);
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(Some(buf.freeze()))
+}
+
+fn outcome_label(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Unchanged => "unchanged",
+        Outcome::Replaced(_) => "replaced",
+        Outcome::Undecodable(_) => "undecodable",
+    }
+}
+
+/// A watch body filtered event by event: complete lines go through the chain with the side data
+/// current at that moment; what arrives after the last newline waits for the rest of its line.
+pub struct FilteredWatch {
+    inner: Option<ProxyBody>,
+    framer: LineFramer,
+    chain: Chain,
+    ctx: watch::Receiver<Arc<FilterContext>>,
+    metrics: Metrics,
+}
+
+impl FilteredWatch {
+    fn new(
+        inner: ProxyBody,
+        chain: Chain,
+        ctx: watch::Receiver<Arc<FilterContext>>,
+        metrics: Metrics,
+    ) -> Self {
+        FilteredWatch {
+            inner: Some(inner),
+            framer: LineFramer::new(),
+            chain,
+            ctx,
+            metrics,
+        }
+    }
+
+    /// Every complete line so far, filtered, as one chunk (`None` when there is none yet).
+    fn drain(&mut self, at_end: bool) -> Option<Bytes> {
+        let ctx = self.ctx.borrow().clone();
+        let mut lines = Vec::new();
+        while let Some(line) = self.framer.next_line() {
+            lines.push(line);
+        }
+        if at_end {
+            lines.extend(self.framer.finish());
+        }
+        let mut out: Option<BytesMut> = None;
+        let mut single = None;
+        for line in lines {
+            let outcome = self.chain.filter_event(&line, &ctx);
+            if !matches!(outcome, Outcome::Unchanged) {
+                self.metrics
+                    .filtered
+                    .with_label_values(&[self.chain.kind(), "event", outcome_label(&outcome)])
+                    .inc();
+            }
+            let bytes = outcome.into_bytes(line);
+            match (&mut out, single.take()) {
+                (None, None) => single = Some(bytes),
+                (None, Some(first)) => {
+                    let mut buf = BytesMut::from(&first[..]);
+                    buf.extend_from_slice(&bytes);
+                    out = Some(buf);
+                }
+                (Some(buf), _) => buf.extend_from_slice(&bytes),
+            }
+        }
+        out.map(BytesMut::freeze).or(single)
+    }
+}
+
+impl Body for FilteredWatch {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(Pin::new(inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        this.framer.push(&data);
+                        if let Some(out) = this.drain(false) {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
+                        }
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                None => {
+                    this.inner = None;
+                    return Poll::Ready(this.drain(true).map(|out| Ok(Frame::data(out))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// The side data's sources: one reflector per kind of object the enabled filters need.
+pub struct SideData {
+    ctx: watch::Sender<Arc<FilterContext>>,
+}
+
+impl SideData {
+    /// Starts the filters: the set from the flags, the context from the settings, and the
+    /// reflectors for what the enabled filters need. Returns the filtering stage, the tasks to
+    /// run, and the reflectors' sync states (for readiness).
+    pub fn start(
+        settings: &FilterSettings,
+        upstream: &Arc<Upstream>,
+        store: Option<&Arc<dyn Store>>,
+        metrics: &Metrics,
+        shutdown: &watch::Receiver<bool>,
+    ) -> (Arc<Filtering>, Vec<tokio::task::JoinHandle<()>>, SideSync) {
+        for unknown in settings.config.unknown_names() {
+            warn!(
+                filter = unknown,
+                "--disabled-resource-filters names no filter"
+            );
+        }
+        let set = FilterSet::new(&settings.config);
+        let needs = set.needs();
+        let mut ctx = FilterContext::new(&settings.node_name);
+        ctx.set_hub(settings.hub_host, settings.hub_port)
+            .set_pool_name(settings.pool_name.clone());
+        info!(filters = ?set.names().collect::<Vec<_>>(), ?needs, "response filters");
+        let redirecting: Vec<&str> = set
+            .names()
+            .filter(|n| REDIRECTING_FILTERS.contains(n))
+            .collect();
+        if !redirecting.is_empty() {
+            warn!(
+                filters = ?redirecting,
+                hub = %std::net::SocketAddr::new(settings.hub_host, settings.hub_port),
+                "these filters point in-cluster clients at the hub's HTTPS port, which this version \
+                 does not serve yet; serve it in front of the hub or disable them with \
+                 --disabled-resource-filters"
+            );
+        }
+        let side = SideData {
+            ctx: watch::Sender::new(Arc::new(ctx)),
+        };
+        let filtering = Arc::new(Filtering {
+            set: RwLock::new(set),
+            ctx: side.ctx.subscribe(),
+            metrics: metrics.clone(),
+        });
+        let mut tasks = Vec::new();
+        let mut sync = SideSync::default();
+        let sources = side.sources(settings, needs);
+        for (name, path, handler) in sources {
+            let reflector = Reflector::new(name, path, upstream.clone(), store.cloned(), handler);
+            sync.states.push((name, reflector.sync_state()));
+            tasks.push(tokio::spawn(reflector.run(shutdown.clone())));
+        }
+        (filtering, tasks, sync)
+    }
+
+    /// The reflectors the enabled filters need, each with its handler.
+    fn sources(
+        &self,
+        settings: &FilterSettings,
+        needs: Needs,
+    ) -> Vec<(&'static str, String, Box<dyn Handler>)> {
+        let mut sources: Vec<(&'static str, String, Box<dyn Handler>)> = Vec::new();
+        if needs.services {
+            sources.push((
+                "services",
+                "/api/v1/services".into(),
+                Box::new(Services(self.ctx.clone())),
+            ));
+        }
+        if needs.node_pools {
+            sources.push((
+                "nodepools",
+                "/apis/apps.openyurt.io/v1beta1/nodepools".into(),
+                Box::new(Pools(self.ctx.clone())),
+            ));
+        }
+        let pool_flag = settings.pool_name.as_deref().filter(|p| !p.is_empty());
+        if needs.pool_name && pool_flag.is_none() {
+            sources.push((
+                "node",
+                format!(
+                    "/api/v1/nodes?fieldSelector=metadata.name%3D{}",
+                    settings.node_name
+                ),
+                Box::new(PoolLabel(self.ctx.clone())),
+            ));
+        }
+        sources
+    }
+}
+
+/// Readiness for the side data: every reflector's sync state.
+#[derive(Debug, Default, Clone)]
+pub struct SideSync {
+    pub states: Vec<(&'static str, watch::Receiver<SyncState>)>,
+}
+
+impl Handler for Box<dyn Handler> {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+        (**self).replace(objects)
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        (**self).upsert(object)
+    }
+    fn remove(&mut self, object: &[u8]) {
+        (**self).remove(object)
+    }
+}
+
+/// Changes the shared context in place (cloned first only while a filter call holds it).
+fn edit(ctx: &watch::Sender<Arc<FilterContext>>, change: impl FnOnce(&mut FilterContext)) {
+    ctx.send_modify(|c| change(Arc::make_mut(c)));
+}
+
+/// Service annotations, for servicetopology.
+struct Services(watch::Sender<Arc<FilterContext>>);
+
+impl Handler for Services {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+        let entries: Vec<ServiceEntry> = objects
+            .values()
+            .filter_map(|o| ServiceEntry::from_json(o).ok())
+            .collect();
+        edit(&self.0, |ctx| {
+            ctx.clear_services();
+            for e in entries {
+                ctx.insert_service(e.namespace, e.name, e.annotations);
+            }
+        });
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        if let Ok(e) = ServiceEntry::from_json(object) {
+            edit(&self.0, |ctx| {
+                ctx.insert_service(e.namespace, e.name, e.annotations);
+            });
+        }
+    }
+    fn remove(&mut self, object: &[u8]) {
+        if let Ok(e) = ServiceEntry::from_json(object) {
+            edit(&self.0, |ctx| {
+                ctx.remove_service(&e.namespace, &e.name);
+            });
+        }
+    }
+}
+
+/// NodePool membership, for servicetopology's pool scope.
+struct Pools(watch::Sender<Arc<FilterContext>>);
+
+impl Handler for Pools {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+        let entries: Vec<NodePoolEntry> = objects
+            .values()
+            .filter_map(|o| NodePoolEntry::from_json(o).ok())
+            .collect();
+        edit(&self.0, |ctx| {
+            ctx.clear_pools();
+            for e in entries {
+                ctx.insert_pool(e.name, e.nodes);
+            }
+        });
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        if let Ok(e) = NodePoolEntry::from_json(object) {
+            edit(&self.0, |ctx| {
+                ctx.insert_pool(e.name, e.nodes);
+            });
+        }
+    }
+    fn remove(&mut self, object: &[u8]) {
+        if let Ok(e) = NodePoolEntry::from_json(object) {
+            edit(&self.0, |ctx| {
+                ctx.remove_pool(&e.name);
+            });
+        }
+    }
+}
+
+/// This Node's `apps.openyurt.io/nodepool` label, when `--nodepool-name` is not given.
+struct PoolLabel(watch::Sender<Arc<FilterContext>>);
+
+impl PoolLabel {
+    fn set(&self, node: Option<&[u8]>) {
+        let pool = match resolve_pool_name(None, node) {
+            Ok(pool) => pool,
+            Err(e) => {
+                warn!(error = %e, "cannot read this node's pool label");
+                return;
+            }
+        };
+        self.0.send_if_modified(|c| {
+            if c.pool_name() == pool.as_deref() {
+                return false;
+            }
+            info!(pool = ?pool, "node pool (from the node's label)");
+            Arc::make_mut(c).set_pool_name(pool);
+            true
+        });
+    }
+}
+
+impl Handler for PoolLabel {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+        self.set(objects.values().next().map(|b| &b[..]));
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        self.set(Some(object));
+    }
+    fn remove(&mut self, _object: &[u8]) {
+        self.set(None);
+    }
+}
+
+/// Keeps the filters' components in step with `yurt-hub-cfg`.
+pub async fn apply_hub_cfg(mut config: watch::Receiver<Arc<HubCfg>>, filtering: Arc<Filtering>) {
+    loop {
+        let data = config.borrow_and_update().data.clone();
+        filtering.set_hub_cfg(&data);
+        if config.changed().await.is_err() {
+            return;
+        }
+    }
+}

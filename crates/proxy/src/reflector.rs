@@ -1,0 +1,427 @@
+//! A list + watch of one resource that the hub keeps for itself (the filters' Services,
+//! NodePools and this Node): the hub's own small informer.
+//!
+//! [`Reflector::run`] lists, then watches from the list's resourceVersion, re-watches when a
+//! stream ends and relists after an `ERROR` event (410 Gone) or a failure, with backoff. Every
+//! change is handed to a [`Handler`]. In edge mode the objects are also kept in the cache as one
+//! document, and a hub that starts offline begins from that copy, so filters behave the same
+//! after a reboot without the cloud. The requests carry the hub's own User-Agent (`outpost/…`),
+//! which is never filtered.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use outpost_cache::Store;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::body;
+use crate::error::ProxyError;
+use crate::hubcfg::SyncState;
+use crate::upstream::{Identity, Upstream};
+
+const USER_AGENT: &str = "outpost/side-data";
+const WATCH_TIMEOUT_SECONDS: u64 = 300;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Events are saved to the cache once the stream has been quiet this long (a burst of Service
+/// changes is one write, not one per event).
+const SAVE_AFTER_QUIET: Duration = Duration::from_secs(1);
+
+/// What the reflector tells its owner. Objects are the JSON of one item, as received.
+pub trait Handler: Send + Sync + 'static {
+    /// Every object, after a list (or the cached copy at start).
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>);
+    /// An object was added or modified.
+    fn upsert(&mut self, object: &[u8]);
+    /// An object was deleted.
+    fn remove(&mut self, object: &[u8]);
+}
+
+/// One resource kept in sync.
+pub struct Reflector<H> {
+    /// For logs, readiness and the cache document (`side/<name>`).
+    name: String,
+    /// The collection path, with any selector (`/api/v1/services`,
+    /// `/api/v1/nodes?fieldSelector=metadata.name%3Dedge-1`).
+    path: String,
+    upstream: Arc<Upstream>,
+    store: Option<Arc<dyn Store>>,
+    handler: H,
+    state: watch::Sender<SyncState>,
+    objects: BTreeMap<String, Bytes>,
+    resource_version: String,
+}
+
+/// How a watch stream ended.
+enum Ended {
+    /// Cleanly (timeout): watch again from the last resourceVersion.
+    Rewatch,
+    /// An `ERROR` event (410 Gone…): list again.
+    Relist,
+}
+
+impl<H: Handler> Reflector<H> {
+    pub fn new(
+        name: &str,
+        path: String,
+        upstream: Arc<Upstream>,
+        store: Option<Arc<dyn Store>>,
+        handler: H,
+    ) -> Reflector<H> {
+        Reflector {
+            name: name.to_owned(),
+            path,
+            upstream,
+            store,
+            handler,
+            state: watch::Sender::new(SyncState::Pending),
+            objects: BTreeMap::new(),
+            resource_version: String::new(),
+        }
+    }
+
+    /// Whether the objects have been read, for readiness.
+    pub fn sync_state(&self) -> watch::Receiver<SyncState> {
+        self.state.subscribe()
+    }
+
+    /// Runs until `shutdown`: the cached copy first, then list + watch, again after a failure.
+    /// A retry waits out its backoff, or less when the cloud comes back.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.load_cached().await;
+        let mut online = self.upstream.states().subscribe();
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let round = tokio::select! {
+                r = self.sync() => r,
+                _ = shutdown.changed() => return,
+            };
+            match round {
+                Ok(()) => backoff = Duration::from_secs(1),
+                Err(e) => {
+                    debug!(resource = %self.name, error = %e, "side-data sync failed; retrying");
+                    self.note_failure(&e);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+            let offline = !*online.borrow_and_update();
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = online.wait_for(|up| *up), if offline => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// One list, then watches from its resourceVersion until a stream asks for a relist.
+    async fn sync(&mut self) -> Result<(), ProxyError> {
+        self.list().await?;
+        loop {
+            match self.watch().await? {
+                Ended::Rewatch => continue,
+                Ended::Relist => return Ok(()),
+            }
+        }
+    }
+
+    async fn list(&mut self) -> Result<(), ProxyError> {
+        let resp = self.send(&self.path).await?;
+        let status = resp.status();
+        if status == StatusCode::NOT_FOUND {
+            // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
+            return self
+                .apply_list(BTreeMap::new(), String::new(), "cloud (not served)")
+                .await;
+        }
+        if status != StatusCode::OK {
+            return Err(bad_reply(format!(
+                "list {} answered {status} (check the hub's RBAC in manifests/)",
+                self.path
+            )));
+        }
+        let bytes = collect(resp.into_body()).await?;
+        let (objects, rv) = parse_list(&bytes)?;
+        self.apply_list(objects, rv, "cloud").await
+    }
+
+    async fn apply_list(
+        &mut self,
+        objects: BTreeMap<String, Bytes>,
+        rv: String,
+        source: &str,
+    ) -> Result<(), ProxyError> {
+        self.handler.replace(&objects);
+        self.objects = objects;
+        self.resource_version = rv;
+        self.save().await;
+        info!(resource = %self.name, objects = self.objects.len(), source, "side data listed");
+        self.state.send_replace(SyncState::Synced {
+            source: source.to_owned(),
+        });
+        Ok(())
+    }
+
+    async fn watch(&mut self) -> Result<Ended, ProxyError> {
+        if self.resource_version.is_empty() {
+            // A resource that is not served: look again later.
+            tokio::time::sleep(Duration::from_secs(WATCH_TIMEOUT_SECONDS)).await;
+            return Ok(Ended::Relist);
+        }
+        let separator = if self.path.contains('?') { '&' } else { '?' };
+        let path = format!(
+            "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
+            self.path, self.resource_version
+        );
+        let resp = self.send(&path).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(bad_reply(format!("watch answered {}", resp.status())));
+        }
+        let mut body = resp.into_body();
+        let mut buf = BytesMut::new();
+        let mut save_at: Option<Instant> = None;
+        loop {
+            let line = tokio::select! {
+                line = next_line(&mut body, &mut buf) => line,
+                _ = sleep_until(save_at) => {
+                    save_at = None;
+                    self.save().await;
+                    continue;
+                }
+            };
+            let Some(line) = line? else { break };
+            match self.apply_event(&line)? {
+                Some(ended) => {
+                    self.save().await;
+                    return Ok(ended);
+                }
+                None => save_at = Some(Instant::now() + SAVE_AFTER_QUIET),
+            }
+        }
+        if save_at.is_some() {
+            self.save().await;
+        }
+        Ok(Ended::Rewatch)
+    }
+
+    /// Applies one watch event; `Some` when the stream asks to be ended.
+    fn apply_event(&mut self, line: &[u8]) -> Result<Option<Ended>, ProxyError> {
+        let event: Event<'_> =
+            serde_json::from_slice(line).map_err(|e| bad_reply(format!("watch event: {e}")))?;
+        let object = event.object.get().as_bytes();
+        let meta = serde_json::from_slice::<Object>(object)
+            .map_err(|e| bad_reply(format!("watch event object: {e}")))?
+            .metadata;
+        match event.event_type {
+            "ADDED" | "MODIFIED" => {
+                self.handler.upsert(object);
+                self.objects
+                    .insert(meta.key(), Bytes::copy_from_slice(object));
+            }
+            "DELETED" => {
+                self.handler.remove(object);
+                self.objects.remove(&meta.key());
+            }
+            "BOOKMARK" => {}
+            _ => return Ok(Some(Ended::Relist)),
+        }
+        if !meta.resource_version.is_empty() {
+            self.resource_version = meta.resource_version;
+        }
+        Ok(None)
+    }
+
+    fn note_failure(&self, e: &ProxyError) {
+        self.state.send_if_modified(|state| match state {
+            SyncState::Synced { .. } => false,
+            _ => {
+                *state = SyncState::Failing {
+                    cause: format!("{}: {e}", self.name),
+                };
+                true
+            }
+        });
+    }
+
+    async fn send(&self, path: &str) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(http::header::USER_AGENT, USER_AGENT)
+            .header(http::header::ACCEPT, "application/json")
+            .body(body::empty())
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
+        self.upstream
+            .send(server, Identity::Node, req, deadline)
+            .await
+    }
+
+    fn document(&self) -> String {
+        format!("side/{}", self.name)
+    }
+
+    async fn load_cached(&mut self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let name = self.document();
+        let doc = tokio::task::spawn_blocking(move || store.get_document(&name)).await;
+        let Ok(Ok(Some(doc))) = doc else { return };
+        match parse_list(&doc) {
+            Ok((objects, rv)) => {
+                // Serve from the copy, but list afresh from the cloud: the copy may be old.
+                let _ = self.apply_list(objects, String::new(), "edge cache").await;
+                debug!(resource = %self.name, cached_rv = %rv, "side data loaded from the cache");
+            }
+            Err(e) => warn!(resource = %self.name, error = %e, "ignoring a corrupt cached copy"),
+        }
+    }
+
+    /// Keeps the objects in the cache (edge mode) as one list document.
+    async fn save(&self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let doc = list_document(&self.objects, &self.resource_version);
+        let name = self.document();
+        let saved = tokio::task::spawn_blocking(move || store.put_document(&name, &doc)).await;
+        if let Ok(Err(e)) = saved {
+            warn!(resource = %self.name, error = %e, "cannot keep side data in the edge cache");
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(rename = "type")]
+    event_type: &'a str,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct List<'a> {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(borrow, default)]
+    items: Vec<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct ListMeta {
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+}
+
+#[derive(Deserialize)]
+struct Object {
+    #[serde(default)]
+    metadata: ObjectMeta,
+}
+
+#[derive(Deserialize, Default)]
+struct ObjectMeta {
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: String,
+}
+
+impl ObjectMeta {
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The items of a list body by `namespace/name`, and the list's resourceVersion.
+fn parse_list(bytes: &[u8]) -> Result<(BTreeMap<String, Bytes>, String), ProxyError> {
+    let list: List<'_> =
+        serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("list: {e}")))?;
+    let mut objects = BTreeMap::new();
+    for item in list.items {
+        let meta: Object =
+            serde_json::from_str(item.get()).map_err(|e| bad_reply(format!("list item: {e}")))?;
+        objects.insert(
+            meta.metadata.key(),
+            Bytes::copy_from_slice(item.get().as_bytes()),
+        );
+    }
+    Ok((objects, list.metadata.resource_version))
+}
+
+/// The objects as a list body that [`parse_list`] reads back.
+fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Bytes {
+    let mut out = Vec::with_capacity(objects.values().map(|o| o.len() + 1).sum::<usize>() + 64);
+    out.extend_from_slice(br#"{"metadata":{"resourceVersion":"#);
+    out.extend_from_slice(serde_json::Value::from(rv).to_string().as_bytes());
+    out.extend_from_slice(br#"},"items":["#);
+    for (i, object) in objects.values().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(object);
+    }
+    out.extend_from_slice(b"]}");
+    Bytes::from(out)
+}
+
+fn bad_reply(cause: String) -> ProxyError {
+    ProxyError::BadReply {
+        server: "side-data watch".into(),
+        cause,
+    }
+}
+
+async fn collect(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
+    body.collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| bad_reply(e.to_string()))
+}
+
+async fn next_line(
+    body: &mut hyper::body::Incoming,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, ProxyError> {
+    body::next_line(body, buf)
+        .await
+        .map_err(|e| bad_reply(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_round_trip_through_the_cached_document() {
+        let body = br#"{"kind":"ServiceList","metadata":{"resourceVersion":"42"},"items":[
+            {"metadata":{"name":"b","namespace":"x","resourceVersion":"40"}},
+            {"metadata":{"name":"a","namespace":"x"}},
+            {"metadata":{"name":"pool"}}]}"#;
+        let (objects, rv) = parse_list(body).unwrap();
+        assert_eq!(rv, "42");
+        assert_eq!(objects.keys().collect::<Vec<_>>(), ["/pool", "x/a", "x/b"]);
+        let doc = list_document(&objects, &rv);
+        let (again, rv_again) = parse_list(&doc).unwrap();
+        assert_eq!((again, rv_again), (objects, rv));
+        assert!(parse_list(b"{\"items\":[1]}").is_err());
+        assert!(parse_list(b"nope").is_err());
+    }
+}
