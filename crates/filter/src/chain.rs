@@ -221,6 +221,14 @@ impl Chain {
 
     /// An event some filter acts on (or an unusually ordered one), read in full.
     fn event_in_full(&self, raw: &str, ctx: &FilterContext) -> Result<Option<String>, DecodeError> {
+        // kube-apiserver's own layout: the object is found without scanning the line once more.
+        // Any rewrite re-reads the object to its end, which rejects a wrong cut; then, and for
+        // any other layout, the event is read as JSON.
+        if let Some((kind, object)) = split_event(raw)
+            && let Ok(rewrite) = self.apply(object, ctx)
+        {
+            return Ok(rebuild_event(raw, kind, object, rewrite));
+        }
         let event: EventShape<'_> = serde_json::from_str(raw)?;
         let (Some(kind), Some(object)) = (event.type_, event.object) else {
             return Ok(None);
@@ -228,19 +236,37 @@ impl Chain {
         if !matches!(kind, "ADDED" | "MODIFIED" | "DELETED") {
             return Ok(None);
         }
-        Ok(match self.apply(object.get(), ctx)? {
-            Rewrite::Keep => None,
-            Rewrite::Replace(new) => Some(splice(raw, object.get(), &new)),
-            // Deleted anyway; its last state needs no filtering.
-            Rewrite::Drop if kind == "DELETED" => None,
-            Rewrite::Drop => {
-                let newline = &raw[raw.trim_end().len()..];
-                Some(format!(
-                    r#"{{"type":"DELETED","object":{}}}{newline}"#,
-                    object.get()
-                ))
-            }
-        })
+        let rewrite = self.apply(object.get(), ctx)?;
+        Ok(rebuild_event(raw, kind, object.get(), rewrite))
+    }
+}
+
+/// `{"type":"<T>","object":<object>}` (+ whitespace): the type and the object's text, for the
+/// three object-carrying types; `None` for any other shape.
+fn split_event(raw: &str) -> Option<(&str, &str)> {
+    let rest = raw.strip_prefix(r#"{"type":""#)?;
+    let (kind, rest) = rest.split_at(rest.find('"')?);
+    if !matches!(kind, "ADDED" | "MODIFIED" | "DELETED") {
+        return None;
+    }
+    let object = rest.strip_prefix(r#"","object":"#)?;
+    let object = object.trim_end().strip_suffix('}')?.trim_end();
+    (object.starts_with('{') && object.ends_with('}')).then_some((kind, object))
+}
+
+/// The event line after its object's rewrite, or `None` when it goes out as is.
+fn rebuild_event(raw: &str, kind: &str, object: &str, rewrite: Rewrite) -> Option<String> {
+    match rewrite {
+        Rewrite::Keep => None,
+        Rewrite::Replace(new) => Some(splice(raw, object, &new)),
+        // Deleted anyway; its last state needs no filtering.
+        Rewrite::Drop if kind == "DELETED" => None,
+        Rewrite::Drop => {
+            let newline = &raw[raw.trim_end().len()..];
+            Some(format!(
+                r#"{{"type":"DELETED","object":{object}}}{newline}"#
+            ))
+        }
     }
 }
 
@@ -276,4 +302,51 @@ struct EventShape<'a> {
     type_: Option<&'a str>,
     #[serde(borrow)]
     object: Option<&'a RawValue>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filters::ServiceTopology;
+
+    #[test]
+    fn events_are_split_in_kube_apiservers_layout_only() {
+        let line = "{\"type\":\"MODIFIED\",\"object\":{\"metadata\":{\"name\":\"a\"}}}\n";
+        assert_eq!(
+            split_event(line),
+            Some(("MODIFIED", r#"{"metadata":{"name":"a"}}"#))
+        );
+        assert_eq!(split_event(r#"{"type":"BOOKMARK","object":{}}"#), None);
+        assert_eq!(split_event(r#"{"object":{},"type":"ADDED"}"#), None);
+        assert_eq!(split_event(r#"{"type":"ADDED","object":[]}"#), None);
+    }
+
+    #[test]
+    fn a_wrong_cut_falls_back_to_reading_the_event() {
+        let mut chain = Chain::new("EndpointSlice");
+        chain.push(&ServiceTopology);
+        let ctx = FilterContext::new("edge-1").with_service(
+            "shop",
+            "web",
+            &[("openyurt.io/topologyKeys", "kubernetes.io/hostname")],
+        );
+        let object = r#"{"metadata":{"name":"web-1","namespace":"shop","labels":{"kubernetes.io/service-name":"web"}},"endpoints":[{"addresses":["10.0.0.1"],"nodeName":"edge-1"},{"addresses":["10.0.0.2"],"nodeName":"edge-2"}]}"#;
+        let kept = r#"{"metadata":{"name":"web-1","namespace":"shop","labels":{"kubernetes.io/service-name":"web"}},"endpoints":[{"addresses":["10.0.0.1"],"nodeName":"edge-1"}]}"#;
+        for (line, want) in [
+            (
+                format!("{{\"type\":\"ADDED\",\"object\":{object}}}\n"),
+                format!("{{\"type\":\"ADDED\",\"object\":{kept}}}\n"),
+            ),
+            // A key after the object: the cut is not the object, the full read is.
+            (
+                format!("{{\"type\":\"ADDED\",\"object\":{object},\"extra\":{{}}}}\n"),
+                format!("{{\"type\":\"ADDED\",\"object\":{kept},\"extra\":{{}}}}\n"),
+            ),
+        ] {
+            let Outcome::Replaced(got) = chain.filter_event(line.as_bytes(), &ctx) else {
+                panic!("not replaced: {line}");
+            };
+            assert_eq!(std::str::from_utf8(&got).unwrap(), want);
+        }
+    }
 }

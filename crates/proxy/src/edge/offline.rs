@@ -81,8 +81,7 @@ pub async fn list(
         None => None,
         Some(token) => Some(ContinueToken::decode(token)?),
     };
-    let result = covered_list(store, scope.clone()).await?;
-    let kind = resolve_kind(store, &scope.gvr, result.items.first()).await?;
+    let (result, kind) = covered_list(store, scope).await?;
     let page = Page::of(&result, start.as_ref(), page_limit(info));
     Ok(json_response(
         list_body(&kind, &result, &page),
@@ -99,10 +98,19 @@ fn page_limit(info: &RequestInfo) -> Option<u64> {
     info.query.limit.filter(|_| !from_any)
 }
 
-/// The scope's cached list, or the reason it cannot be served.
-pub async fn covered_list(store: &Arc<dyn Store>, scope: Scope) -> Result<ListResult, ProxyError> {
+/// The scope's cached list and its kind (one trip to the blocking pool), or the reason it
+/// cannot be served.
+pub async fn covered_list(
+    store: &Arc<dyn Store>,
+    scope: Scope,
+) -> Result<(ListResult, KindInfo), ProxyError> {
     let query = scope.clone();
-    let Some(result) = blocking(store, move |s| s.list(&query)).await? else {
+    let name = kinds::document_name(&scope.gvr);
+    let (list, kind_doc) = blocking(store, move |s| {
+        Ok((s.list(&query)?, s.get_document(&name)?))
+    })
+    .await?;
+    let Some(result) = list else {
         return Err(ProxyError::Offline(format!(
             "no cached list covers {} for {} (it was never listed while online)",
             scope.gvr, scope.component
@@ -115,7 +123,8 @@ pub async fn covered_list(store: &Arc<dyn Store>, scope: Scope) -> Result<ListRe
             result.missing.len()
         )));
     }
-    Ok(result)
+    let kind = kind_from(kind_doc.as_deref(), &scope.gvr, result.items.first());
+    Ok((result, kind))
 }
 
 /// The kind learned for `gvr` (a document written by the cache writer), else read off an item.
@@ -126,10 +135,14 @@ pub async fn resolve_kind(
 ) -> Result<KindInfo, ProxyError> {
     let name = kinds::document_name(gvr);
     let doc = blocking(store, move |s| s.get_document(&name)).await?;
-    Ok(doc
-        .and_then(|d| serde_json::from_slice::<KindInfo>(&d).ok())
+    Ok(kind_from(doc.as_deref(), gvr, first))
+}
+
+/// The kind from its learned document, else read off an item, else guessed from the resource.
+fn kind_from(doc: Option<&[u8]>, gvr: &Gvr, first: Option<&CachedObject>) -> KindInfo {
+    doc.and_then(|d| serde_json::from_slice::<KindInfo>(d).ok())
         .or_else(|| first.and_then(|o| KindInfo::from_object(&o.bytes)))
-        .unwrap_or_else(|| KindInfo::fallback(gvr)))
+        .unwrap_or_else(|| KindInfo::fallback(gvr))
 }
 
 /// Where a page starts: after this (namespace, name), in a list at this resourceVersion.

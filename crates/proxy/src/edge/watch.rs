@@ -55,8 +55,8 @@ pub async fn serve(
     let initial_events = q.send_initial_events.unwrap_or(from.is_none());
     let kind;
     let start = if initial_events {
-        let list = covered_list(store, scope.clone()).await?;
-        kind = resolve_kind(store, &scope.gvr, list.items.first()).await?;
+        let (list, list_kind) = covered_list(store, scope.clone()).await?;
+        kind = list_kind;
         let rv = list.resource_version.as_str().to_owned();
         let mut lines: Vec<Bytes> = list
             .items
