@@ -532,3 +532,130 @@ pub async fn apply_hub_cfg(mut config: watch::Receiver<Arc<HubCfg>>, filtering: 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+
+    fn filtering(metrics: &Metrics) -> Filtering {
+        let ctx = FilterContext::new("edge-1").with_service(
+            "shop",
+            "web",
+            &[("openyurt.io/topologyKeys", "kubernetes.io/hostname")],
+        );
+        Filtering {
+            set: RwLock::new(FilterSet::new(&FilterConfig::default())),
+            ctx: watch::Sender::new(Arc::new(ctx)).subscribe(),
+            metrics: metrics.clone(),
+        }
+    }
+
+    fn kube_proxy(path: &str) -> RequestInfo {
+        RequestInfo::classify(&http::Method::GET, path, Some("kube-proxy/v1.32.4")).unwrap()
+    }
+
+    fn response(content_type: &str, body: ProxyBody) -> Response<ProxyBody> {
+        let mut resp = Response::new(body);
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, content_type.parse().unwrap());
+        resp
+    }
+
+    fn slice(nodes: &[&str]) -> String {
+        let endpoints: Vec<String> = nodes
+            .iter()
+            .map(|n| format!(r#"{{"addresses":["10.0.0.1"],"nodeName":"{n}"}}"#))
+            .collect();
+        format!(
+            r#"{{"metadata":{{"name":"web-1","namespace":"shop","labels":{{"kubernetes.io/service-name":"web"}}}},"endpoints":[{}]}}"#,
+            endpoints.join(",")
+        )
+    }
+
+    async fn text(resp: Response<ProxyBody>) -> String {
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_json_passes_unchanged_and_is_counted() {
+        let metrics = Metrics::new();
+        let f = filtering(&metrics);
+        let info = kube_proxy("/apis/discovery.k8s.io/v1/endpointslices");
+        let chain = f.chain(&info).expect("kube-proxy's slices are filtered");
+        let proto = b"k8s\0\x0a\x0fnot-json-at-all".to_vec();
+        let resp = response(
+            "application/vnd.kubernetes.protobuf",
+            body::full(proto.clone()),
+        );
+        let out = f.apply(chain, Verb::List, resp).await.unwrap();
+        let bytes = out.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, proto);
+        let count = metrics
+            .filtered
+            .with_label_values(&["EndpointSlice", "response", "undecodable"])
+            .get();
+        assert_eq!(count, 1);
+    }
+
+    #[tokio::test]
+    async fn a_list_is_filtered_whole_and_loses_its_content_length() {
+        let metrics = Metrics::new();
+        let f = filtering(&metrics);
+        let info = kube_proxy("/apis/discovery.k8s.io/v1/endpointslices");
+        let list = format!(
+            r#"{{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{{"resourceVersion":"5"}},"items":[{}]}}"#,
+            slice(&["edge-1", "edge-2"])
+        );
+        let mut resp = response("application/json", body::full(list.clone()));
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, list.len().into());
+        let out = f
+            .apply(f.chain(&info).unwrap(), Verb::List, resp)
+            .await
+            .unwrap();
+        assert!(out.headers().get(header::CONTENT_LENGTH).is_none());
+        let got = text(out).await;
+        assert!(got.contains("edge-1") && !got.contains("edge-2"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn a_watch_is_filtered_line_by_line_across_chunk_boundaries() {
+        let metrics = Metrics::new();
+        let f = filtering(&metrics);
+        let info = kube_proxy("/apis/discovery.k8s.io/v1/endpointslices?watch=true");
+        let stream = format!(
+            "{{\"type\":\"ADDED\",\"object\":{}}}\n{{\"type\":\"BOOKMARK\",\"object\":{{\"kind\":\"EndpointSlice\",\"metadata\":{{\"resourceVersion\":\"9\"}}}}}}\n{{\"type\":\"MODIFIED\",\"object\":{}}}",
+            slice(&["edge-2", "edge-1"]),
+            slice(&["edge-1"])
+        );
+        // Cut into 7-byte chunks, the last line without its newline.
+        let chunks: Vec<Result<Frame<Bytes>, BoxError>> = stream
+            .as_bytes()
+            .chunks(7)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        let inner = StreamBody::new(futures_util::stream::iter(chunks)).boxed();
+        let out = f
+            .apply(
+                f.chain(&info).unwrap(),
+                Verb::Watch,
+                response("application/json", inner),
+            )
+            .await
+            .unwrap();
+        let got = text(out).await;
+        let lines: Vec<&str> = got.split_inclusive('\n').collect();
+        assert_eq!(lines.len(), 3, "{got}");
+        assert!(!lines[0].contains("edge-2") && lines[0].ends_with('\n'));
+        assert!(lines[1].contains("BOOKMARK"));
+        assert_eq!(
+            lines[2],
+            format!(
+                "{{\"type\":\"MODIFIED\",\"object\":{}}}",
+                slice(&["edge-1"])
+            )
+        );
+    }
+}
