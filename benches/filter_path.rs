@@ -17,6 +17,9 @@
 //! - `filter_path/watch_10000_events/{filtered,plain}`: a watch replaying 10,000 slice updates
 //!   from the fake's event log (each event a 20-endpoint slice that servicetopology trims), timed
 //!   from the request until the client holds every event.
+//!
+//! After the criterion legs the bench prints interleaved rounds (filtered, plain, … in turn) and
+//! the ratio of their medians, which drift on a busy machine affects alike.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +45,9 @@ const ENDPOINTS_PER_SLICE: usize = 100;
 const NODES: usize = 10;
 const WATCH_EVENTS: usize = 10_000;
 const WATCH_SLICE_ENDPOINTS: usize = 20;
+/// Interleaved rounds after the criterion legs.
+const LIST_ROUNDS: usize = 60;
+const WATCH_ROUNDS: usize = 8;
 const STALL: Duration = Duration::from_secs(60);
 
 fn bench_runtime() -> tokio::runtime::Runtime {
@@ -280,6 +286,50 @@ fn filter_path(c: &mut Criterion) {
         b.iter(|| rt.block_on(watch(&client, &plain_watch, KUBE_PROXY_UA, WATCH_EVENTS)))
     });
     group.finish();
+
+    // Criterion runs the legs one after the other; drift from other work on a small machine
+    // hits them unevenly. Interleaved rounds see the same drift, so their ratio is the figure.
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let timed = |leg: &dyn Fn()| {
+        let started = Instant::now();
+        leg();
+        started.elapsed()
+    };
+    let (mut f, mut p, mut n) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..LIST_ROUNDS {
+        f.push(timed(&|| {
+            rt.block_on(get(&client, &filtered_uri, KUBE_PROXY_UA));
+        }));
+        p.push(timed(&|| {
+            rt.block_on(get(&client, &plain_uri, KUBE_PROXY_UA));
+        }));
+        n.push(timed(&|| {
+            rt.block_on(get(&client, &filtered_uri, KUBECTL_UA));
+        }));
+    }
+    let (f, p, n) = (median(f), median(p), median(n));
+    println!(
+        "filter_path/list_5000_endpoints interleaved, {LIST_ROUNDS} rounds, medians: filtered {f:?}, plain {p:?}, no filter applies {n:?}; filtered/plain {:.3}, no-filter-applies/plain {:.3}",
+        f.as_secs_f64() / p.as_secs_f64(),
+        n.as_secs_f64() / p.as_secs_f64()
+    );
+    let (mut f, mut p) = (Vec::new(), Vec::new());
+    for _ in 0..WATCH_ROUNDS {
+        f.push(timed(&|| {
+            rt.block_on(watch(&client, &filtered_watch, KUBE_PROXY_UA, WATCH_EVENTS));
+        }));
+        p.push(timed(&|| {
+            rt.block_on(watch(&client, &plain_watch, KUBE_PROXY_UA, WATCH_EVENTS));
+        }));
+    }
+    let (f, p) = (median(f), median(p));
+    println!(
+        "filter_path/watch_10000_events interleaved, {WATCH_ROUNDS} rounds, medians: filtered {f:?}, plain {p:?}; filtered/plain {:.3}",
+        f.as_secs_f64() / p.as_secs_f64()
+    );
 
     filtering.stop();
     plain.stop();
