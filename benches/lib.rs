@@ -2,6 +2,10 @@
 //! with `cargo bench -p outpost-benches`): the bundled fake apiserver with the node identity the
 //! hub presents to it, hub configurations (cloud mode, or edge mode over a sled cache), a hub on a
 //! runtime of its own, a keep-alive plain-HTTP client with kubelet's headers, and real-shape pods.
+//! [`full_node`] seeds a full node's objects; [`nginx`] runs nginx as a reverse-proxy baseline.
+
+pub mod full_node;
+pub mod nginx;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -75,6 +79,33 @@ impl Upstream {
     pub async fn shutdown(self) {
         self.fake.shutdown().await;
     }
+
+    /// Writes the node's identity (`system:node:edge-1`) as separate certificate and key PEM
+    /// files, plus the cluster CA, into `dir` (for proxies other than the hub, e.g. nginx).
+    pub fn write_node_pem_files(&self, dir: &Path) -> std::io::Result<NodePemFiles> {
+        let pair = self
+            .fake
+            .pki()
+            .client(&format!("system:node:{NODE}"), &["system:nodes"])
+            .map_err(std::io::Error::other)?;
+        let files = NodePemFiles {
+            cert: dir.join("node.crt"),
+            key: dir.join("node.key"),
+            ca: dir.join("ca.crt"),
+        };
+        std::fs::write(&files.cert, &pair.cert_pem)?;
+        std::fs::write(&files.key, &pair.key_pem)?;
+        std::fs::write(&files.ca, &self.fake.pki().ca_pem)?;
+        Ok(files)
+    }
+}
+
+/// The node's client certificate, its key and the CA, one PEM file each.
+#[derive(Debug, Clone)]
+pub struct NodePemFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
 }
 
 /// An edge cache as the binary opens it: sled in `dir` with default options (every write
@@ -374,4 +405,16 @@ pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
     assert!(!sorted.is_empty());
     let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// A loopback port that was free a moment ago (bound to port 0, then released), for programs
+/// that take a port number rather than a listener.
+pub fn free_loopback_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Milliseconds with two decimals, for printed tables.
+pub fn millis(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
