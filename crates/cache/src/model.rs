@@ -292,8 +292,12 @@ pub enum WriteOutcome {
     KeptNewer {
         stored: ResourceVersion,
     },
-    /// A BOOKMARK moved the scope's resourceVersion.
+    /// A BOOKMARK moved the scope's resourceVersion. Not flushed on its own: losing it to a
+    /// crash only means replaying from the previous resourceVersion.
     Bookmarked,
+    /// The cache already held exactly these bytes at this resourceVersion (a repeated GET of
+    /// an unchanged object): nothing was written.
+    Unchanged,
     /// The event's scope was never listed and the object is not cached: nothing to do (a scope
     /// built from events alone would look complete without being so).
     ScopeUnknown,

@@ -629,6 +629,42 @@ fn documents_are_verified_survive_compaction_and_stay_out_of_stats(store: &dyn S
     assert!(!store.health().degraded);
 }
 
+fn a_get_of_the_stored_version_writes_nothing(store: &dyn Store) {
+    let first = store
+        .put_object("kubelet", &pods(), &pod("a", "p", "10", "n1", &[]))
+        .expect("put");
+    assert_eq!(first, WriteOutcome::Stored);
+    let again = store
+        .put_object("kubelet", &pods(), &pod("a", "p", "10", "n1", &[]))
+        .expect("put");
+    assert_eq!(again, WriteOutcome::Unchanged);
+    // The hub's own change at the same version (kubelet's offline status) is written.
+    let patched = store
+        .put_object("kubelet", &pods(), &pod("a", "p", "10", "n2", &[]))
+        .expect("put");
+    assert_eq!(patched, WriteOutcome::Stored);
+    // Held only by a scope (not pinned by a GET): the GET still pins it.
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "20", &refs(&[pod("a", "q", "15", "n1", &[])]))
+        .expect("replace");
+    let pinned = store
+        .put_object("kubelet", &pods(), &pod("a", "q", "15", "n1", &[]))
+        .expect("put");
+    assert_eq!(pinned, WriteOutcome::Stored);
+    store.replace_scope(&s, "21", &[]).expect("relist empty");
+    assert_eq!(
+        found(store, &key("a", "q")),
+        Some("15".into()),
+        "the GET's pin keeps it"
+    );
+    let newer = store
+        .put_object("kubelet", &pods(), &pod("a", "p", "11", "n1", &[]))
+        .expect("put");
+    assert_eq!(newer, WriteOutcome::Stored);
+    assert_eq!(found(store, &key("a", "p")), Some("11".into()));
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod mem {
@@ -670,6 +706,7 @@ suite!(
     events_for_an_unlisted_scope_only_refresh_cached_objects,
     replays_from_a_broader_scope_are_filtered_like_the_list,
     delete_object_forgets_it_everywhere,
+    a_get_of_the_stored_version_writes_nothing,
     stats_summarise_each_component_resource,
     verify_passes_a_healthy_cache,
     documents_round_trip_and_the_last_write_wins,

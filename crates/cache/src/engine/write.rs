@@ -48,6 +48,27 @@ impl<'a, K: Kv> Planner<'a, K> {
         Ok(raw.and_then(|raw| record::decode_object(&raw).ok().map(|o| o.resource_version)))
     }
 
+    /// Whether exactly these bytes are already stored, pinned, at this resourceVersion (a
+    /// repeated GET of an unchanged object). The bytes are compared too: the hub itself may
+    /// change an object without a new resourceVersion (kubelet's offline status).
+    fn holds_version(
+        &self,
+        key: &ObjectKey,
+        id: &Identity,
+        bytes: &[u8],
+    ) -> Result<bool, CacheError> {
+        if id.rv.as_str().is_empty() {
+            return Ok(false);
+        }
+        let Some(raw) = self.kv.get(&keys::object_key(OBJECT, key))? else {
+            return Ok(false);
+        };
+        let same = record::decode_object(&raw).is_ok_and(|stored| {
+            stored.resource_version.as_str() == id.rv.as_str() && stored.bytes == bytes
+        });
+        Ok(same && self.kv.get(&keys::object_key(PIN, key))?.is_some())
+    }
+
     /// Writes the object unless a newer version is stored; returns that newer version if so.
     fn upsert(
         &mut self,
@@ -319,6 +340,9 @@ impl<K: Kv> Engine<K> {
         let key = ObjectKey::new(component, gvr, &item.namespace, &item.name);
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
+            if p.holds_version(&key, &item, bytes)? {
+                return Ok((p.batch, WriteOutcome::Unchanged));
+            }
             let outcome = match p.upsert(&key, &item, bytes)? {
                 None => WriteOutcome::Stored,
                 Some(stored) => WriteOutcome::KeptNewer { stored },

@@ -276,6 +276,7 @@ fn outcome_label(outcome: &WriteOutcome) -> &'static str {
         WriteOutcome::KeptNewer { .. } => "kept_newer",
         WriteOutcome::Bookmarked => "bookmarked",
         WriteOutcome::ScopeUnknown => "scope_unknown",
+        WriteOutcome::Unchanged => "unchanged",
     }
 }
 
