@@ -49,37 +49,53 @@ impl<'a, K: Kv> Planner<'a, K> {
     }
 
     /// Whether exactly these bytes are already stored, pinned, at this resourceVersion (a
-    /// repeated GET of an unchanged object). The bytes are compared too: the hub itself may
-    /// change an object without a new resourceVersion (kubelet's offline status).
+    /// repeated GET of an unchanged object).
     fn holds_version(
         &self,
         key: &ObjectKey,
         id: &Identity,
         bytes: &[u8],
     ) -> Result<bool, CacheError> {
-        if id.rv.as_str().is_empty() {
-            return Ok(false);
-        }
+        Ok(
+            self.holds_bytes(key, id, bytes)?
+                && self.kv.get(&keys::object_key(PIN, key))?.is_some(),
+        )
+    }
+
+    /// Whether exactly these bytes are stored at this resourceVersion. The bytes are compared
+    /// too: the hub itself may change an object without a new resourceVersion (kubelet's
+    /// offline status).
+    fn holds_bytes(
+        &self,
+        key: &ObjectKey,
+        id: &Identity,
+        bytes: &[u8],
+    ) -> Result<bool, CacheError> {
         let Some(raw) = self.kv.get(&keys::object_key(OBJECT, key))? else {
             return Ok(false);
         };
-        let same = record::decode_object(&raw).is_ok_and(|stored| {
-            stored.resource_version.as_str() == id.rv.as_str() && stored.bytes == bytes
-        });
-        Ok(same && self.kv.get(&keys::object_key(PIN, key))?.is_some())
+        Ok(record::decode_object(&raw).is_ok_and(|stored| same_version(&stored, id, bytes)))
     }
 
-    /// Writes the object unless a newer version is stored; returns that newer version if so.
+    /// Writes the object unless a newer version, or these very bytes, are stored; returns the
+    /// newer version if so. (A relist of unchanged objects rewrites none of them.)
     fn upsert(
         &mut self,
         key: &ObjectKey,
         id: &Identity,
         bytes: &[u8],
     ) -> Result<Option<ResourceVersion>, CacheError> {
-        if let Some(stored) = self.stored_rv(key)?
-            && id.rv.is_older_than(&stored)
-        {
-            return Ok(Some(stored));
+        let stored = self
+            .kv
+            .get(&keys::object_key(OBJECT, key))?
+            .and_then(|raw| record::decode_object(&raw).ok());
+        if let Some(stored) = stored {
+            if id.rv.is_older_than(&stored.resource_version) {
+                return Ok(Some(stored.resource_version));
+            }
+            if same_version(&stored, id, bytes) {
+                return Ok(None);
+            }
         }
         let value = record::encode_object(id.rv.as_str(), &id.uid, bytes, self.now_ms);
         self.batch.put(keys::object_key(OBJECT, key), value);
@@ -263,9 +279,12 @@ impl<K: Kv> Engine<K> {
                     None => outcome.stored += 1,
                     Some(_) => outcome.kept_newer += 1,
                 }
-                p.batch
-                    .put(keys::member_key(&id, &key.namespace, &key.name), Vec::new());
-                new_members.insert((key.namespace, key.name));
+                let member = (key.namespace, key.name);
+                if !old_members.contains(&member) {
+                    p.batch
+                        .put(keys::member_key(&id, &member.0, &member.1), Vec::new());
+                }
+                new_members.insert(member);
             }
             for (ns, name) in old_members.difference(&new_members) {
                 p.leave_scope(&ObjectKey::new(&scope.component, &scope.gvr, ns, name), &id)?;
@@ -359,6 +378,13 @@ impl<K: Kv> Engine<K> {
             Ok((p.batch, existed))
         })
     }
+}
+
+/// Whether `stored` is exactly `bytes` at `id`'s (non-empty) resourceVersion.
+fn same_version(stored: &crate::CachedObject, id: &Identity, bytes: &[u8]) -> bool {
+    !id.rv.as_str().is_empty()
+        && stored.resource_version.as_str() == id.rv.as_str()
+        && stored.bytes == bytes
 }
 
 /// ADDED / MODIFIED. Without a known scope only objects the component already has are refreshed.
