@@ -33,6 +33,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use outpost_testkit::full_node::{
+    MOUNTS, NAMESPACES, app_ns, config_map, endpoint_slice, pod, secret, service,
+};
 use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
 use serde_json::{Value, json};
 
@@ -47,10 +50,7 @@ const COLD_LIST: &str = "/api/v1/pods?fieldSelector=spec.nodeName%3Dedge-1";
 const PROXY_SELECTOR: &str = "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name";
 
 const PODS: usize = 110;
-/// Pods 0..MOUNTS each mount one ConfigMap and one Secret (200 objects in all).
-const MOUNTS: usize = 100;
 const SERVICES: usize = 1000;
-const NAMESPACES: usize = 10;
 
 /// Bound on every wait for a child process.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -282,7 +282,7 @@ fn populate(fake: &FakeApiServer) -> Result<Vec<Warm>> {
         .filter(|a| !a.is_empty())
         .context("fixture pods")?;
     for i in 0..PODS {
-        create("v1/pods", pod(&shapes[i % shapes.len()], i))?;
+        create("v1/pods", pod(&shapes[i % shapes.len()], i, NODE))?;
     }
     for i in 0..MOUNTS {
         create("v1/configmaps", config_map(i))?;
@@ -290,7 +290,10 @@ fn populate(fake: &FakeApiServer) -> Result<Vec<Warm>> {
     }
     for i in 0..SERVICES {
         create("v1/services", service(i))?;
-        create("discovery.k8s.io/v1/endpointslices", endpoint_slice(i))?;
+        create(
+            "discovery.k8s.io/v1/endpointslices",
+            endpoint_slice(i, NODE),
+        )?;
     }
 
     let by_name = "&limit=500&resourceVersion=0";
@@ -335,137 +338,6 @@ fn populate(fake: &FakeApiServer) -> Result<Vec<Warm>> {
         items: SERVICES,
     });
     Ok(warm)
-}
-
-fn app_ns(i: usize) -> String {
-    format!("app-{}", i % NAMESPACES)
-}
-
-/// A real pod (one of the fixture's), renamed, moved to `app-N` and bound to the edge node; the
-/// first `MOUNTS` also mount their own ConfigMap and Secret (the node authorizer's graph then
-/// lets kubelet read them).
-fn pod(shape: &Value, i: usize) -> Value {
-    let mut pod = shape.clone();
-    let base = pod["metadata"]["name"].as_str().unwrap_or("pod").to_owned();
-    let meta = pod["metadata"].as_object_mut().expect("pod metadata");
-    for field in [
-        "uid",
-        "resourceVersion",
-        "creationTimestamp",
-        "generateName",
-    ] {
-        meta.remove(field);
-    }
-    meta.insert("name".into(), format!("{base}-{i}").into());
-    meta.insert("namespace".into(), app_ns(i).into());
-    pod["spec"]["nodeName"] = NODE.into();
-    if i < MOUNTS {
-        let volumes = pod["spec"]
-            .as_object_mut()
-            .expect("pod spec")
-            .entry("volumes")
-            .or_insert_with(|| json!([]));
-        if let Some(v) = volumes.as_array_mut() {
-            v.push(json!({"name": "app-config", "configMap": {"name": format!("app-config-{i}"), "defaultMode": 420}}));
-            v.push(json!({"name": "app-secret", "secret": {"secretName": format!("app-secret-{i}"), "defaultMode": 420}}));
-        }
-    }
-    pod
-}
-
-fn config_map(i: usize) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": format!("app-config-{i}"), "namespace": app_ns(i),
-                     "labels": {"app.kubernetes.io/name": format!("app-{i}"), "app.kubernetes.io/part-of": "shop"}},
-        "data": {
-            "application.yaml": format!(
-                "server:\n  port: 8080\n  shutdownGracePeriod: 20s\nlogging:\n  level: info\n  format: json\n\
-                 upstream:\n  url: http://svc-{i}.{}.svc.cluster.local:8080\n  timeout: 5s\n  retries: 3\n\
-                 features:\n  cache: true\n  tracing: false\n", app_ns(i)),
-            "LOG_LEVEL": "info",
-        },
-    })
-}
-
-fn secret(i: usize) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": format!("app-secret-{i}"), "namespace": app_ns(i),
-                     "labels": {"app.kubernetes.io/name": format!("app-{i}")}},
-        "type": "Opaque",
-        // "app" / "c2VjcmV0LXBhc3N3b3JkLWZvci1hcHAtMDAw"-like values, base64 as in a real Secret.
-        "data": {
-            "username": "YXBw",
-            "password": "c2VjcmV0LXBhc3N3b3JkLWZvci10aGUtYXBwbGljYXRpb24=",
-            "tls.key": "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUV2UUlCQURBTkJna3Foa2lHOXcwQkFRRUZBQVNDQktjd2dnU2pBZ0VBQW9JQkFRQzMKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
-        },
-    })
-}
-
-fn cluster_ip(i: usize) -> String {
-    format!("10.96.{}.{}", 1 + i / 250, 1 + i % 250)
-}
-
-fn service(i: usize) -> Value {
-    let app = format!("svc-{i}");
-    json!({
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": app, "namespace": app_ns(i),
-                     "labels": {"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "shop"},
-                     "annotations": {"meta.helm.sh/release-name": "shop", "meta.helm.sh/release-namespace": app_ns(i)}},
-        "spec": {
-            "type": "ClusterIP",
-            "clusterIP": cluster_ip(i),
-            "clusterIPs": [cluster_ip(i)],
-            "ipFamilies": ["IPv4"],
-            "ipFamilyPolicy": "SingleStack",
-            "internalTrafficPolicy": "Cluster",
-            "sessionAffinity": "None",
-            "selector": {"app.kubernetes.io/name": app},
-            "ports": [
-                {"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"},
-                {"name": "metrics", "port": 9090, "protocol": "TCP", "targetPort": 9090},
-            ],
-        },
-        "status": {"loadBalancer": {}},
-    })
-}
-
-fn endpoint_slice(i: usize) -> Value {
-    let app = format!("svc-{i}");
-    let endpoints: Vec<Value> = (0..2)
-        .map(|r| {
-            json!({
-                "addresses": [format!("10.244.{}.{}", (2 * i + r) / 250, 1 + (2 * i + r) % 250)],
-                "conditions": {"ready": true, "serving": true, "terminating": false},
-                "nodeName": if r == 0 { NODE.to_owned() } else { format!("edge-{}", 2 + i % 7) },
-                "targetRef": {"kind": "Pod", "namespace": app_ns(i), "name": format!("{app}-7d9f8b6c5-{r}x2kq"),
-                              "uid": format!("3f0c6a2e-1b7d-4c1e-9a5f-{:012x}", 2 * i + r)},
-            })
-        })
-        .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {"name": format!("{app}-x7k2p"), "namespace": app_ns(i),
-                     "generateName": format!("{app}-"),
-                     "labels": {"app.kubernetes.io/name": app, "kubernetes.io/service-name": app,
-                                "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
-                     "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-20T08:14:03Z"},
-                     "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": app,
-                                          "uid": format!("7e3b1c9d-5a2f-4e8b-b1d6-{i:012x}"),
-                                          "controller": true, "blockOwnerDeletion": true}]},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [
-            {"name": "http", "port": 8080, "protocol": "TCP"},
-            {"name": "metrics", "port": 9090, "protocol": "TCP"},
-        ],
-    })
 }
 
 // ---- the hub as a child process -----------------------------------------------------------

@@ -33,6 +33,7 @@
 mod authn;
 mod authz;
 mod discovery;
+pub mod full_node;
 mod graph;
 mod handlers;
 mod kubeconfig;
