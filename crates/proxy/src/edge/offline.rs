@@ -83,10 +83,7 @@ pub async fn list(
     };
     let (result, kind) = covered_list(store, scope).await?;
     let page = Page::of(&result, start.as_ref(), page_limit(info));
-    Ok(json_response(
-        list_body(&kind, &result, &page),
-        "application/json",
-    ))
+    Ok(chunked_json_response(list_chunks(&kind, &result, &page)))
 }
 
 /// The page size to honour. `resourceVersion=0` ("any version") is served whole, as the
@@ -238,7 +235,9 @@ fn object_position(object: &CachedObject) -> (&str, &str) {
 }
 
 /// `{"kind":"PodList","apiVersion":"v1","metadata":{…},"items":[…]}` from the stored bytes.
-fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
+/// The list body as pieces: its head, then each item and the commas between them, each item
+/// the cached `Bytes` itself (no copy of the items into one buffer).
+fn list_chunks(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<Bytes> {
     let items = &result.items[page.range.clone()];
     let mut metadata = serde_json::json!({"resourceVersion": result.resource_version.as_str()});
     if let Some(next) = &page.next {
@@ -250,24 +249,45 @@ fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
     } else {
         kind.list_kind()
     };
-    let head = serde_json::json!({
+    let mut head = serde_json::json!({
         "kind": list_kind,
         "apiVersion": kind.api_version,
         "metadata": metadata,
     })
     .to_string();
-    let size = items.iter().map(|o| o.bytes.len() + 1).sum::<usize>();
-    let mut out = Vec::with_capacity(head.len() + size + 16);
-    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
-    out.extend_from_slice(b",\"items\":[");
+    head.pop(); // the closing brace: `items` follows
+    head.push_str(",\"items\":[");
+    const COMMA: Bytes = Bytes::from_static(b",");
+    let mut chunks = Vec::with_capacity(2 * items.len() + 2);
+    chunks.push(Bytes::from(head));
     for (i, object) in items.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            chunks.push(COMMA);
         }
-        out.extend_from_slice(&object.bytes);
+        chunks.push(object.bytes.clone());
     }
-    out.extend_from_slice(b"]}");
-    out
+    chunks.push(Bytes::from_static(b"]}"));
+    chunks
+}
+
+#[cfg(test)]
+fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
+    list_chunks(kind, result, page).concat()
+}
+
+/// [`json_response`] for a body in pieces, with its Content-Length.
+fn chunked_json_response(chunks: Vec<Bytes>) -> Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    let len: usize = chunks.iter().map(Bytes::len).sum();
+    let frames = chunks
+        .into_iter()
+        .map(|c| Ok::<_, body::BoxError>(http_body::Frame::data(c)));
+    let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    let mut resp = json_response(Bytes::new(), "application/json");
+    *resp.body_mut() = stream.boxed();
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, len.into());
+    resp
 }
 
 /// A discovery document as stored by the writer: the upstream content type, a newline, the body.
