@@ -14,16 +14,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{Method, Request, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use outpost_cache::Store;
 use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::body;
 use crate::error::ProxyError;
-use crate::upstream::{Identity, Upstream};
+use crate::reflector::OwnGets;
+use crate::upstream::Upstream;
 
 pub const NAME: &str = "yurt-hub-cfg";
 /// The document the last seen ConfigMap is kept under in the cache.
@@ -146,10 +145,10 @@ impl ConfigWatch {
     /// One GET, then one watch from its resourceVersion until the stream ends.
     async fn sync(&self) -> Result<(), ProxyError> {
         let path = format!("/api/v1/namespaces/{}/configmaps/{NAME}", self.namespace);
-        let resp = self.send(&path).await?;
+        let resp = OWN.send(&self.upstream, &path).await?;
         let rv = match resp.status() {
             StatusCode::OK => {
-                let bytes = collect(resp.into_body()).await?;
+                let bytes = OWN.collect(resp.into_body()).await?;
                 let cm = parse(&bytes)?;
                 self.save(bytes).await;
                 let rv = cm.metadata.resource_version.clone();
@@ -170,13 +169,13 @@ impl ConfigWatch {
             "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{NAME}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={rv}",
             self.namespace
         );
-        let resp = self.send(&watch_path).await?;
+        let resp = OWN.send(&self.upstream, &watch_path).await?;
         if resp.status() != StatusCode::OK {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
         let mut buf = BytesMut::new();
-        while let Some(line) = next_line(&mut body, &mut buf).await? {
+        while let Some(line) = OWN.next_line(&mut body, &mut buf).await? {
             let event: WatchEvent = serde_json::from_slice(&line)
                 .map_err(|e| bad_reply(format!("watch event: {e}")))?;
             match event.event_type.as_str() {
@@ -192,21 +191,6 @@ impl ConfigWatch {
             }
         }
         Ok(())
-    }
-
-    async fn send(&self, path: &str) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
-        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header(http::header::USER_AGENT, USER_AGENT)
-            .header(http::header::ACCEPT, "application/json")
-            .body(body::empty())
-            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-        let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
-        self.upstream
-            .send(server, Identity::Node, req, deadline)
-            .await
     }
 
     fn publish(&self, cfg: HubCfg, source: &str) {
@@ -247,27 +231,13 @@ fn parse(bytes: &[u8]) -> Result<ConfigMap, ProxyError> {
     serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("yurt-hub-cfg: {e}")))
 }
 
+const OWN: OwnGets = OwnGets {
+    label: "config watch",
+    user_agent: USER_AGENT,
+};
+
 fn bad_reply(cause: String) -> ProxyError {
-    ProxyError::BadReply {
-        server: "config watch".into(),
-        cause,
-    }
-}
-
-async fn collect(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
-    body.collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| bad_reply(e.to_string()))
-}
-
-async fn next_line(
-    body: &mut hyper::body::Incoming,
-    buf: &mut BytesMut,
-) -> Result<Option<Bytes>, ProxyError> {
-    body::next_line(body, buf)
-        .await
-        .map_err(|e| bad_reply(e.to_string()))
+    OWN.bad_reply(cause)
 }
 
 #[cfg(test)]

@@ -132,7 +132,7 @@ impl<H: Handler> Reflector<H> {
     }
 
     async fn list(&mut self) -> Result<(), ProxyError> {
-        let resp = self.send(&self.path).await?;
+        let resp = OWN.send(&self.upstream, &self.path).await?;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
@@ -146,7 +146,7 @@ impl<H: Handler> Reflector<H> {
                 self.path
             )));
         }
-        let bytes = collect(resp.into_body()).await?;
+        let bytes = OWN.collect(resp.into_body()).await?;
         let (objects, rv) = parse_list(&bytes)?;
         self.apply_list(objects, rv, "cloud").await
     }
@@ -179,7 +179,7 @@ impl<H: Handler> Reflector<H> {
             "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
             self.path, self.resource_version
         );
-        let resp = self.send(&path).await?;
+        let resp = OWN.send(&self.upstream, &path).await?;
         if resp.status() != StatusCode::OK {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
@@ -188,7 +188,7 @@ impl<H: Handler> Reflector<H> {
         let mut save_at: Option<Instant> = None;
         loop {
             let line = tokio::select! {
-                line = next_line(&mut body, &mut buf) => line,
+                line = OWN.next_line(&mut body, &mut buf) => line,
                 _ = sleep_until(save_at) => {
                     save_at = None;
                     self.save().await;
@@ -247,21 +247,6 @@ impl<H: Handler> Reflector<H> {
                 true
             }
         });
-    }
-
-    async fn send(&self, path: &str) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
-        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header(http::header::USER_AGENT, USER_AGENT)
-            .header(http::header::ACCEPT, "application/json")
-            .body(body::empty())
-            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-        let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
-        self.upstream
-            .send(server, Identity::Node, req, deadline)
-            .await
     }
 
     fn document(&self) -> String {
@@ -382,27 +367,66 @@ fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Bytes {
     Bytes::from(out)
 }
 
-fn bad_reply(cause: String) -> ProxyError {
-    ProxyError::BadReply {
-        server: "side-data watch".into(),
-        cause,
+/// The hub's own GETs (get, list, watch) to the cloud, as the node: who asks, and how a failure
+/// is worded. Shared by the reflectors and the `yurt-hub-cfg` watch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OwnGets {
+    /// For errors and logs (`side-data watch`).
+    pub label: &'static str,
+    pub user_agent: &'static str,
+}
+
+impl OwnGets {
+    /// One GET to a healthy server, JSON asked for; long enough for a watch.
+    pub(crate) async fn send(
+        self,
+        upstream: &Upstream,
+        path: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+        let server = upstream.pick().ok_or(ProxyError::NoUpstream)?;
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(http::header::USER_AGENT, self.user_agent)
+            .header(http::header::ACCEPT, "application/json")
+            .body(body::empty())
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
+        upstream.send(server, Identity::Node, req, deadline).await
+    }
+
+    pub(crate) fn bad_reply(self, cause: String) -> ProxyError {
+        ProxyError::BadReply {
+            server: self.label.into(),
+            cause,
+        }
+    }
+
+    pub(crate) async fn collect(self, body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
+        body.collect()
+            .await
+            .map(|c| c.to_bytes())
+            .map_err(|e| self.bad_reply(e.to_string()))
+    }
+
+    pub(crate) async fn next_line(
+        self,
+        body: &mut hyper::body::Incoming,
+        buf: &mut BytesMut,
+    ) -> Result<Option<Bytes>, ProxyError> {
+        body::next_line(body, buf)
+            .await
+            .map_err(|e| self.bad_reply(e.to_string()))
     }
 }
 
-async fn collect(body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
-    body.collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| bad_reply(e.to_string()))
-}
+const OWN: OwnGets = OwnGets {
+    label: "side-data watch",
+    user_agent: USER_AGENT,
+};
 
-async fn next_line(
-    body: &mut hyper::body::Incoming,
-    buf: &mut BytesMut,
-) -> Result<Option<Bytes>, ProxyError> {
-    body::next_line(body, buf)
-        .await
-        .map_err(|e| bad_reply(e.to_string()))
+fn bad_reply(cause: String) -> ProxyError {
+    OWN.bad_reply(cause)
 }
 
 #[cfg(test)]
