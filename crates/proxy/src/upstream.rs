@@ -273,10 +273,12 @@ fn https_client(config: &UpstreamConfig, identity: Identity) -> HttpsClient {
         .build(connector)
 }
 
-/// Sorts a client error into unreachable (connect/TLS) or bad reply (anything after).
+/// Sorts a client error into unreachable (connect/TLS, or the connection lost before any
+/// answer: a server going away while a pooled connection was in use) or bad reply (anything
+/// the server did answer that is not HTTP).
 fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Error) -> ProxyError {
     let cause = error_chain(err);
-    if err.is_connect() {
+    if err.is_connect() || connection_lost(err) {
         ProxyError::Unreachable {
             server: server.label(),
             cause,
@@ -287,6 +289,32 @@ fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Erro
             cause,
         }
     }
+}
+
+/// Whether the connection closed or reset under the request, before a response arrived.
+fn connection_lost(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_closed())
+        {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }
 
 /// `a: b: c` from an error and its sources, so the one log line says everything.
@@ -307,6 +335,27 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_lost_under_a_request_counts_as_unreachable() {
+        use std::io::{Error, ErrorKind};
+        #[derive(Debug)]
+        struct Wrapped(Error);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("send request")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let eof = Wrapped(Error::new(ErrorKind::UnexpectedEof, "no close_notify"));
+        assert!(connection_lost(&eof));
+        assert!(connection_lost(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!connection_lost(&Wrapped(Error::other("bad header"))));
+    }
 
     #[test]
     fn server_addr_rules() {
