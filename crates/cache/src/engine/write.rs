@@ -48,58 +48,33 @@ impl<'a, K: Kv> Planner<'a, K> {
         Ok(raw.and_then(|raw| record::decode_object(&raw).ok().map(|o| o.resource_version)))
     }
 
-    /// Whether exactly these bytes are already stored, pinned, at this resourceVersion (a
-    /// repeated GET of an unchanged object).
-    fn holds_version(
-        &self,
-        key: &ObjectKey,
-        id: &Identity,
-        bytes: &[u8],
-    ) -> Result<bool, CacheError> {
-        Ok(
-            self.holds_bytes(key, id, bytes)?
-                && self.kv.get(&keys::object_key(PIN, key))?.is_some(),
-        )
-    }
-
-    /// Whether exactly these bytes are stored at this resourceVersion. The bytes are compared
-    /// too: the hub itself may change an object without a new resourceVersion (kubelet's
-    /// offline status).
-    fn holds_bytes(
-        &self,
-        key: &ObjectKey,
-        id: &Identity,
-        bytes: &[u8],
-    ) -> Result<bool, CacheError> {
-        let Some(raw) = self.kv.get(&keys::object_key(OBJECT, key))? else {
-            return Ok(false);
-        };
-        Ok(record::decode_object(&raw).is_ok_and(|stored| same_version(&stored, id, bytes)))
-    }
-
-    /// Writes the object unless a newer version, or these very bytes, are stored; returns the
-    /// newer version if so. (A relist of unchanged objects rewrites none of them.)
+    /// Writes the object unless a newer version, or these very bytes, are stored (a relist of
+    /// unchanged objects rewrites none of them). Reads the stored record once.
     fn upsert(
         &mut self,
         key: &ObjectKey,
         id: &Identity,
         bytes: &[u8],
-    ) -> Result<Option<ResourceVersion>, CacheError> {
+    ) -> Result<Upsert, CacheError> {
         let stored = self
             .kv
             .get(&keys::object_key(OBJECT, key))?
             .and_then(|raw| record::decode_object(&raw).ok());
         if let Some(stored) = stored {
             if id.rv.is_older_than(&stored.resource_version) {
-                return Ok(Some(stored.resource_version));
+                return Ok(Upsert::KeptNewer(stored.resource_version));
             }
             if same_version(&stored, id, bytes) {
-                return Ok(None);
+                return Ok(Upsert::AlreadyStored);
             }
         }
         let value = record::encode_object(id.rv.as_str(), &id.uid, bytes, self.now_ms);
         self.batch.put(keys::object_key(OBJECT, key), value);
-        Ok(None)
+        Ok(Upsert::Written)
+    }
+
+    fn is_pinned(&self, key: &ObjectKey) -> Result<bool, CacheError> {
+        Ok(self.kv.get(&keys::object_key(PIN, key))?.is_some())
     }
 
     fn scope_meta(&self, scope: &ScopeId) -> Result<Option<ScopeMeta>, CacheError> {
@@ -276,8 +251,8 @@ impl<K: Kv> Engine<K> {
             for (item, bytes) in &parsed {
                 let key = object_key(scope, item);
                 match p.upsert(&key, item, bytes)? {
-                    None => outcome.stored += 1,
-                    Some(_) => outcome.kept_newer += 1,
+                    Upsert::Written | Upsert::AlreadyStored => outcome.stored += 1,
+                    Upsert::KeptNewer(_) => outcome.kept_newer += 1,
                 }
                 let member = (key.namespace, key.name);
                 if !old_members.contains(&member) {
@@ -359,12 +334,13 @@ impl<K: Kv> Engine<K> {
         let key = ObjectKey::new(component, gvr, &item.namespace, &item.name);
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
-            if p.holds_version(&key, &item, bytes)? {
-                return Ok((p.batch, WriteOutcome::Unchanged));
-            }
             let outcome = match p.upsert(&key, &item, bytes)? {
-                None => WriteOutcome::Stored,
-                Some(stored) => WriteOutcome::KeptNewer { stored },
+                // A repeated GET of an unchanged object: nothing to write, not even the pin.
+                Upsert::AlreadyStored if p.is_pinned(&key)? => {
+                    return Ok((p.batch, WriteOutcome::Unchanged));
+                }
+                Upsert::Written | Upsert::AlreadyStored => WriteOutcome::Stored,
+                Upsert::KeptNewer(stored) => WriteOutcome::KeptNewer { stored },
             };
             p.batch.put(keys::object_key(PIN, &key), Vec::new());
             Ok((p.batch, outcome))
@@ -378,6 +354,15 @@ impl<K: Kv> Engine<K> {
             Ok((p.batch, existed))
         })
     }
+}
+
+/// What [`Planner::upsert`] did with one object.
+enum Upsert {
+    Written,
+    /// These very bytes were stored at this resourceVersion already.
+    AlreadyStored,
+    /// A newer version is stored and was kept.
+    KeptNewer(ResourceVersion),
 }
 
 /// Whether `stored` is exactly `bytes` at `id`'s (non-empty) resourceVersion.
@@ -400,8 +385,8 @@ fn plan_upsert<K: Kv>(
         return Ok(WriteOutcome::ScopeUnknown);
     }
     let outcome = match p.upsert(key, item, bytes)? {
-        None => WriteOutcome::Stored,
-        Some(stored) => WriteOutcome::KeptNewer { stored },
+        Upsert::Written | Upsert::AlreadyStored => WriteOutcome::Stored,
+        Upsert::KeptNewer(stored) => WriteOutcome::KeptNewer { stored },
     };
     if scope_known {
         p.batch.put(
