@@ -238,28 +238,24 @@ impl FilteredWatch {
         if at_end {
             lines.extend(self.framer.finish());
         }
-        let mut out: Option<BytesMut> = None;
-        let mut single = None;
-        for line in lines {
-            let outcome = self.chain.filter_event(&line, &ctx);
-            if !matches!(outcome, Outcome::Unchanged) {
-                self.metrics
-                    .filtered
-                    .with_label_values(&[self.chain.kind(), "event", outcome_label(&outcome)])
-                    .inc();
-            }
-            let bytes = outcome.into_bytes(line);
-            match (&mut out, single.take()) {
-                (None, None) => single = Some(bytes),
-                (None, Some(first)) => {
-                    let mut buf = BytesMut::from(&first[..]);
-                    buf.extend_from_slice(&bytes);
-                    out = Some(buf);
+        let mut pieces: Vec<Bytes> = lines
+            .into_iter()
+            .map(|line| {
+                let outcome = self.chain.filter_event(&line, &ctx);
+                if !matches!(outcome, Outcome::Unchanged) {
+                    self.metrics
+                        .filtered
+                        .with_label_values(&[self.chain.kind(), "event", outcome_label(&outcome)])
+                        .inc();
                 }
-                (Some(buf), _) => buf.extend_from_slice(&bytes),
-            }
+                outcome.into_bytes(line)
+            })
+            .collect();
+        // One line (the common case) goes out as it is, several as one chunk.
+        match pieces.len() {
+            0 | 1 => pieces.pop(),
+            _ => Some(Bytes::from(pieces.concat())),
         }
-        out.map(BytesMut::freeze).or(single)
     }
 }
 

@@ -37,7 +37,12 @@ pub async fn blocking<T: Send + 'static>(
 
 /// A complete JSON response marked as served by the cache.
 pub fn json_response(body: impl Into<Bytes>, content_type: &str) -> Response<ProxyBody> {
-    let mut resp = Response::new(body::full(body));
+    cache_response(body::full(body), content_type)
+}
+
+/// A response from the cache: its content type and the `x-outpost-served-from` mark.
+fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody> {
+    let mut resp = Response::new(body);
     let headers = resp.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -83,7 +88,7 @@ pub async fn list(
     };
     let (result, kind) = covered_list(store, scope).await?;
     let page = Page::of(&result, start.as_ref(), page_limit(info));
-    Ok(chunked_json_response(list_chunks(&kind, &result, &page)))
+    Ok(json_response_in_pieces(list_chunks(&kind, &result, &page)))
 }
 
 /// The page size to honour. `resourceVersion=0` ("any version") is served whole, as the
@@ -276,15 +281,14 @@ fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
 }
 
 /// [`json_response`] for a body in pieces, with its Content-Length.
-fn chunked_json_response(chunks: Vec<Bytes>) -> Response<ProxyBody> {
+fn json_response_in_pieces(chunks: Vec<Bytes>) -> Response<ProxyBody> {
     use http_body_util::BodyExt;
     let len: usize = chunks.iter().map(Bytes::len).sum();
     let frames = chunks
         .into_iter()
         .map(|c| Ok::<_, body::BoxError>(http_body::Frame::data(c)));
     let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
-    let mut resp = json_response(Bytes::new(), "application/json");
-    *resp.body_mut() = stream.boxed();
+    let mut resp = cache_response(stream.boxed(), "application/json");
     resp.headers_mut()
         .insert(header::CONTENT_LENGTH, len.into());
     resp
