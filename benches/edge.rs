@@ -41,8 +41,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use outpost_benches::{
-    Fetched, HubThread, NODE, SledCache, Upstream, kubelet_get, kubelet_request, node_pods_path,
-    percentile, plain_client, pod_path, seed_pods, threads_cpu,
+    Fetched, HubThread, NODE, SledCache, Upstream, bench_runtime, kubelet_get, kubelet_request,
+    median, node_pods_path, percentile, plain_client, pod_path, seed_pods, threads_cpu,
 };
 use outpost_cache::{Gvr, Scope, SledStore, Store};
 use outpost_core::selector::{FieldSelector, LabelSelector};
@@ -75,14 +75,6 @@ const WATCH_EVENTS: usize = 2_000;
 const WATCH_ROUNDS: usize = 10;
 /// No single wait in this bench lasts longer.
 const STALL: Duration = Duration::from_secs(60);
-
-fn bench_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn items(list: &Fetched) -> usize {
     let v: Value = serde_json::from_slice(&list.body).expect("list JSON");
@@ -516,11 +508,6 @@ fn events_per_s(d: Duration) -> f64 {
 
 fn per_event_us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6 / WATCH_EVENTS as f64
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 /// Per-field medians of a leg's rounds.

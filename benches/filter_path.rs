@@ -29,7 +29,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use outpost_benches::{HubThread, NODE, Upstream, plain_client};
+use outpost_benches::{HubThread, NODE, Upstream, bench_runtime, median, plain_client};
 use outpost_filter::FilterConfig;
 use outpost_proxy::filtering::FilterSettings;
 use outpost_testkit::FakeConfig;
@@ -49,14 +49,6 @@ const WATCH_SLICE_ENDPOINTS: usize = 20;
 const LIST_ROUNDS: usize = 60;
 const WATCH_ROUNDS: usize = 8;
 const STALL: Duration = Duration::from_secs(60);
-
-fn bench_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 fn node(i: usize) -> String {
     if i == 0 {
@@ -289,10 +281,6 @@ fn filter_path(c: &mut Criterion) {
 
     // Criterion runs the legs one after the other; drift from other work on a small machine
     // hits them unevenly. Interleaved rounds see the same drift, so their ratio is the figure.
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
     let timed = |leg: &dyn Fn()| {
         let started = Instant::now();
         leg();

@@ -418,3 +418,19 @@ pub fn free_loopback_port() -> std::io::Result<u16> {
 pub fn millis(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
+
+/// The runtime the fake apiserver and the bench's clients share: two workers, as the machine
+/// has two cores (hubs run on runtimes of their own, see [`HubThread`]).
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The middle value (the upper one of an even count), for interleaved rounds.
+pub fn median<T: PartialOrd>(mut values: Vec<T>) -> T {
+    values.sort_by(|a, b| a.partial_cmp(b).expect("comparable values"));
+    values.swap_remove(values.len() / 2)
+}

@@ -36,8 +36,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_benches::nginx::Nginx;
 use outpost_benches::{
-    HubThread, SledCache, Upstream, kubelet_get, node_pods_path, percentile, plain_client,
-    seed_pods, threads_cpu,
+    HubThread, SledCache, Upstream, bench_runtime, kubelet_get, node_pods_path, percentile,
+    plain_client, seed_pods, threads_cpu,
 };
 use outpost_testkit::FakeConfig;
 
@@ -170,11 +170,7 @@ fn settle(rt: &tokio::runtime::Runtime, admin: &PlainClient, metrics: &http::Uri
 }
 
 fn online(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = bench_runtime();
     let upstream = rt.block_on(Upstream::start(FakeConfig::default()));
     seed_pods(&upstream.fake, LIST_PODS, 0);
     let dir = tempfile::tempdir().expect("tempdir");

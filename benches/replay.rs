@@ -38,7 +38,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_benches::full_node::{self, FullNode, MOUNTS, PROXY_SELECTOR};
-use outpost_benches::{HubThread, NODE, SledCache, Upstream, millis, percentile};
+use outpost_benches::{HubThread, NODE, SledCache, Upstream, bench_runtime, millis, percentile};
 use outpost_core::time::{micro_time, parse_rfc3339, rfc3339};
 use outpost_proxy::health::HeartbeatConfig;
 use outpost_testkit::FakeConfig;
@@ -1095,11 +1095,7 @@ struct Bench {
 impl Bench {
     fn new() -> Bench {
         let script = load_script();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let rt = bench_runtime();
         let upstream = rt.block_on(Upstream::start(FakeConfig::default()));
         let world = full_node::seed(&upstream.fake);
         for agent in AGENTS {

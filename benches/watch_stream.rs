@@ -30,7 +30,9 @@ use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::Connect;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use outpost_benches::{HubThread, KUBELET_ACCEPT, KUBELET_UA, PodTemplates, SledCache, Upstream};
+use outpost_benches::{
+    HubThread, KUBELET_ACCEPT, KUBELET_UA, PodTemplates, SledCache, Upstream, bench_runtime, median,
+};
 use outpost_proxy::Server;
 use outpost_testkit::FakeConfig;
 use rustls::pki_types::pem::PemObject;
@@ -43,14 +45,6 @@ const EVENTS: usize = 20_000;
 const CHUNK: usize = 16 << 10;
 const STALL: Duration = Duration::from_secs(60);
 const WATCH_QUERY: &str = "?watch=true&resourceVersion=1&allowWatchBookmarks=true";
-
-fn bench_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 /// `EVENTS` MODIFIED events of `object` (its resourceVersion counting up), cut into chunks.
 fn canned_stream(object: &Value) -> Vec<Bytes> {
@@ -228,10 +222,6 @@ fn watch_stream(c: &mut Criterion) {
             h.push(rate(&hub_uri, false));
             e.push(rate(&edge_uri, false));
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         let (d, h, e) = (median(d), median(h), median(e));
         println!(
             "watch_stream/{shape} interleaved, 5 rounds, median events/s: direct {d:.0}, via_hub {h:.0} ({:.2} of direct), via_hub_edge {e:.0} ({:.2} of direct)",
