@@ -136,9 +136,9 @@ impl<H: Handler> Reflector<H> {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
-            return self
-                .apply_list(BTreeMap::new(), String::new(), "cloud (not served)")
-                .await;
+            self.apply_list(BTreeMap::new(), String::new(), "cloud (not served)");
+            self.save().await;
+            return Ok(());
         }
         if status != StatusCode::OK {
             return Err(bad_reply(format!(
@@ -148,24 +148,20 @@ impl<H: Handler> Reflector<H> {
         }
         let bytes = OWN.collect(resp.into_body()).await?;
         let (objects, rv) = parse_list(&bytes)?;
-        self.apply_list(objects, rv, "cloud").await
+        self.apply_list(objects, rv, "cloud");
+        self.save().await;
+        Ok(())
     }
 
-    async fn apply_list(
-        &mut self,
-        objects: BTreeMap<String, Bytes>,
-        rv: String,
-        source: &str,
-    ) -> Result<(), ProxyError> {
+    /// Replaces every object (a list, or the cached copy at start) and reports the sync.
+    fn apply_list(&mut self, objects: BTreeMap<String, Bytes>, rv: String, source: &str) {
         self.handler.replace(&objects);
         self.objects = objects;
         self.resource_version = rv;
-        self.save().await;
         info!(resource = %self.name, objects = self.objects.len(), source, "side data listed");
         self.state.send_replace(SyncState::Synced {
             source: source.to_owned(),
         });
-        Ok(())
     }
 
     async fn watch(&mut self) -> Result<Ended, ProxyError> {
@@ -262,8 +258,9 @@ impl<H: Handler> Reflector<H> {
         let Ok(Ok(Some(doc))) = doc else { return };
         match parse_list(&doc) {
             Ok((objects, rv)) => {
-                // Serve from the copy, but list afresh from the cloud: the copy may be old.
-                let _ = self.apply_list(objects, String::new(), "edge cache").await;
+                // Serve from the copy (not written back), but list afresh from the cloud: the
+                // copy may be old.
+                self.apply_list(objects, String::new(), "edge cache");
                 debug!(resource = %self.name, cached_rv = %rv, "side data loaded from the cache");
             }
             Err(e) => warn!(resource = %self.name, error = %e, "ignoring a corrupt cached copy"),
