@@ -482,9 +482,18 @@ impl WatchBench {
         let cache_cpu = cache_cpu().saturating_sub(cpu.1);
         if let Some(cache) = &mut leg.cache {
             cache.sent += WATCH_EVENTS as u64;
-            let (stored, dropped) = self
-                .rt
-                .block_on(cache_event_writes(&self.client, &cache.metrics));
+            // The store holds the last event a moment before the writer counts it (after the
+            // flush), so the counters are polled too, bounded.
+            let deadline = Instant::now() + STALL;
+            let (stored, dropped) = loop {
+                let counted = self
+                    .rt
+                    .block_on(cache_event_writes(&self.client, &cache.metrics));
+                if counted.0 >= cache.sent || Instant::now() >= deadline {
+                    break counted;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            };
             assert_eq!(dropped, 0, "the cache writer dropped operations");
             assert_eq!(stored, cache.sent, "events stored in the cache");
         }

@@ -4,6 +4,7 @@
 //!
 //! - `apply_event`: one watch MODIFIED (object, membership, log entry, scope RV in one batch),
 //!   flushed (the default), left to sled's background flusher (`sled_batched`), and in memory;
+//! - `apply_events`: 32 MODIFIED in one call, flushed once (the cache writer's group commit);
 //! - `list`: the offline LIST kubelet sends, served from its exact scope, and the same query
 //!   answered from an unfiltered scope (selectors evaluated on every stored JSON);
 //! - `get`: one pod;
@@ -110,6 +111,43 @@ fn apply_event(c: &mut Criterion) {
     }
 }
 
+/// A group commit: `GROUP` MODIFIED events in one `apply_events` call, flushed once, as the
+/// proxy's cache writer applies a burst. Criterion reports it per event.
+fn apply_events(c: &mut Criterion) {
+    const GROUP: usize = 32;
+    let templates = templates();
+    let pods = node_pods(&templates);
+    let dir = tempfile::tempdir().expect("dir");
+    let store = sled(&dir);
+    let scope = by_node();
+    filled(&store, &scope, &pods);
+    let mut rv = 3000;
+    let mut next_group = || {
+        (0..GROUP)
+            .map(|_| {
+                rv += 1;
+                pod(&templates, (rv % PODS_PER_NODE as u64) as usize, rv)
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut group = c.benchmark_group("apply_events");
+    group.throughput(criterion::Throughput::Elements(GROUP as u64));
+    group.bench_function(format!("{GROUP}_modified_pods/sled"), |b| {
+        b.iter_batched(
+            &mut next_group,
+            |pods| {
+                let events: Vec<_> = pods
+                    .iter()
+                    .map(|p| (EventType::Modified, p.as_slice()))
+                    .collect();
+                black_box(store.apply_events(&scope, &events).expect("apply"))
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
 fn list_and_get(c: &mut Criterion) {
     let templates = templates();
     let pods = node_pods(&templates);
@@ -185,6 +223,6 @@ fn replace_scope_and_flush(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).measurement_time(Duration::from_secs(4));
-    targets = apply_event, list_and_get, replace_scope_and_flush
+    targets = apply_event, apply_events, list_and_get, replace_scope_and_flush
 }
 criterion_main!(benches);

@@ -4,18 +4,21 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
+
 use crate::error::CacheError;
 
-pub(crate) type Entry = (Vec<u8>, Vec<u8>);
+/// A key and its value; values are shared `Bytes` so a read hands sled's buffer on uncopied.
+pub(crate) type Entry = (Vec<u8>, Bytes);
 
 /// Writes that must land together or not at all.
 #[derive(Debug, Default)]
 pub(crate) struct WriteBatch {
     /// Main-tree writes; `None` deletes. A map so a later write to a key replaces an earlier
-    /// one within the batch (planners never read their own writes).
+    /// one within the batch; planners read their own writes through it (`engine::write`).
     pub main: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// Entries to add to the quarantine tree (their main key is deleted via `main`).
-    pub quarantine: Vec<Entry>,
+    pub quarantine: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl WriteBatch {
@@ -33,7 +36,7 @@ impl WriteBatch {
 }
 
 pub(crate) trait Kv: Send + Sync {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, CacheError>;
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, CacheError>;
 
     /// Entries whose key starts with `prefix`, in key order.
     fn scan(&self, prefix: &[u8]) -> impl Iterator<Item = Result<Entry, CacheError>> + '_;
@@ -55,8 +58,8 @@ pub(crate) struct MemKv {
 }
 
 impl Kv for MemKv {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, CacheError> {
-        Ok(self.main.get(key).cloned())
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, CacheError> {
+        Ok(self.main.get(key).map(|v| Bytes::copy_from_slice(v)))
     }
 
     fn scan(&self, prefix: &[u8]) -> impl Iterator<Item = Result<Entry, CacheError>> + '_ {
@@ -64,7 +67,7 @@ impl Kv for MemKv {
         self.main
             .range(prefix.clone()..)
             .take_while(move |(k, _)| k.starts_with(&prefix))
-            .map(|(k, v)| Ok((k.clone(), v.clone())))
+            .map(|(k, v)| Ok((k.clone(), Bytes::copy_from_slice(v))))
     }
 
     fn commit(&mut self, batch: WriteBatch) -> Result<(), CacheError> {

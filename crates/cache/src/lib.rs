@@ -75,7 +75,20 @@ pub trait Store: Send + Sync {
         scope: &Scope,
         event_type: EventType,
         object: &[u8],
-    ) -> Result<WriteOutcome, CacheError>;
+    ) -> Result<WriteOutcome, CacheError> {
+        let mut outcomes = self.apply_events(scope, &[(event_type, object)])?;
+        outcomes.pop().expect("one outcome per event")
+    }
+
+    /// Applies consecutive events of one scope's stream as one atomic write (and so, on disk,
+    /// one flush: a group commit), each exactly as [`Store::apply_event`] would, in order.
+    /// Returns one result per event: an event that does not parse is rejected on its own. The
+    /// outer error is a storage failure, and then none of them was written.
+    fn apply_events(
+        &self,
+        scope: &Scope,
+        events: &[(EventType, &[u8])],
+    ) -> Result<Vec<Result<WriteOutcome, CacheError>>, CacheError>;
 
     fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError>;
 

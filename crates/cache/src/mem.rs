@@ -64,13 +64,12 @@ impl Store for MemStore {
         self.engine.replace_scope(scope, list_rv, items)
     }
 
-    fn apply_event(
+    fn apply_events(
         &self,
         scope: &Scope,
-        event_type: EventType,
-        object: &[u8],
-    ) -> Result<WriteOutcome, CacheError> {
-        self.engine.apply_event(scope, event_type, object)
+        events: &[(EventType, &[u8])],
+    ) -> Result<Vec<Result<WriteOutcome, CacheError>>, CacheError> {
+        self.engine.apply_events(scope, events)
     }
 
     fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError> {

@@ -19,12 +19,19 @@ const HEADER: usize = 5;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Corrupt(pub(crate) String);
 
-fn seal(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + payload.len());
+/// A sealed record whose payload `write` appends in place (an object's bytes are copied once).
+fn sealed_with(capacity: usize, write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + capacity);
     out.push(FORMAT);
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    out.extend_from_slice(payload);
+    out.extend_from_slice(&[0; HEADER - 1]);
+    write(&mut out);
+    let checksum = crc32fast::hash(&out[HEADER..]);
+    out[1..HEADER].copy_from_slice(&checksum.to_le_bytes());
     out
+}
+
+fn seal(payload: &[u8]) -> Vec<u8> {
+    sealed_with(payload.len(), |out| out.extend_from_slice(payload))
 }
 
 /// The payload and its checksum, if the seal holds.
@@ -86,22 +93,27 @@ fn millis_to_time(ms: u64) -> SystemTime {
 
 /// Object record payload: written-at millis, RV, uid, then the JSON bytes.
 pub(crate) fn encode_object(rv: &str, uid: &str, json: &[u8], written_ms: u64) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(16 + rv.len() + uid.len() + json.len());
-    payload.extend_from_slice(&written_ms.to_be_bytes());
-    push_str(&mut payload, rv);
-    push_str(&mut payload, uid);
-    payload.extend_from_slice(json);
-    seal(&payload)
+    sealed_with(12 + rv.len() + uid.len() + json.len(), |payload| {
+        payload.extend_from_slice(&written_ms.to_be_bytes());
+        push_str(payload, rv);
+        push_str(payload, uid);
+        payload.extend_from_slice(json);
+    })
 }
 
-pub(crate) fn decode_object(raw: &[u8]) -> Result<CachedObject, Corrupt> {
+/// The rest of `raw` from where `rest` (a tail of it) starts, sharing `raw`'s buffer.
+fn tail_of(raw: &Bytes, rest: &[u8]) -> Bytes {
+    raw.slice(raw.len() - rest.len()..)
+}
+
+pub(crate) fn decode_object(raw: &Bytes) -> Result<CachedObject, Corrupt> {
     let (payload, checksum) = unseal(raw)?;
     let mut r = Reader(payload);
     let written_ms = r.u64()?;
     let rv = ResourceVersion::new(r.str()?);
     let uid = r.str()?.to_owned();
     Ok(CachedObject {
-        bytes: Bytes::copy_from_slice(r.0),
+        bytes: tail_of(raw, r.0),
         resource_version: rv,
         uid,
         checksum,
@@ -130,14 +142,14 @@ fn event_type_from(b: u8) -> Result<EventType, Corrupt> {
 
 /// Event record payload: type byte, RV, then the object JSON.
 pub(crate) fn encode_event(event_type: EventType, rv: &str, json: &[u8]) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(3 + rv.len() + json.len());
-    payload.push(event_type_byte(event_type));
-    push_str(&mut payload, rv);
-    payload.extend_from_slice(json);
-    seal(&payload)
+    sealed_with(3 + rv.len() + json.len(), |payload| {
+        payload.push(event_type_byte(event_type));
+        push_str(payload, rv);
+        payload.extend_from_slice(json);
+    })
 }
 
-pub(crate) fn decode_event(raw: &[u8]) -> Result<Event, Corrupt> {
+pub(crate) fn decode_event(raw: &Bytes) -> Result<Event, Corrupt> {
     let (payload, _) = unseal(raw)?;
     let mut r = Reader(payload);
     let event_type = event_type_from(r.take(1)?[0])?;
@@ -145,7 +157,7 @@ pub(crate) fn decode_event(raw: &[u8]) -> Result<Event, Corrupt> {
     Ok(Event {
         event_type,
         resource_version: rv,
-        object: Bytes::copy_from_slice(r.0),
+        object: tail_of(raw, r.0),
     })
 }
 
@@ -180,20 +192,24 @@ pub(crate) fn encode_document(bytes: &[u8]) -> Vec<u8> {
     seal(bytes)
 }
 
-pub(crate) fn decode_document(raw: &[u8]) -> Result<Bytes, Corrupt> {
+pub(crate) fn decode_document(raw: &Bytes) -> Result<Bytes, Corrupt> {
     let (payload, _) = unseal(raw)?;
-    Ok(Bytes::copy_from_slice(payload))
+    Ok(tail_of(raw, payload))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn shared(raw: &[u8]) -> Bytes {
+        Bytes::copy_from_slice(raw)
+    }
+
     #[test]
     fn object_records_keep_bytes_verbatim() {
         let json = br#"{"metadata":{"name":"a"},  "x":1.50}"#;
         let raw = encode_object("42", "u-1", json, 1_700_000_000_123);
-        let obj = decode_object(&raw).expect("decodes");
+        let obj = decode_object(&shared(&raw)).expect("decodes");
         assert_eq!(&obj.bytes[..], json);
         assert_eq!(obj.resource_version.number(), Some(42));
         assert_eq!(obj.uid, "u-1");
@@ -208,7 +224,7 @@ mod tests {
                 let mut bad = raw.clone();
                 bad[i] ^= 1 << bit;
                 assert!(
-                    decode_object(&bad).is_err(),
+                    decode_object(&shared(&bad)).is_err(),
                     "byte {i} bit {bit} went unnoticed"
                 );
             }
@@ -219,10 +235,10 @@ mod tests {
     fn truncated_records_are_corrupt_not_panics() {
         let raw = encode_event(EventType::Modified, "9", b"{}");
         for len in 0..raw.len() {
-            assert!(decode_event(&raw[..len]).is_err());
+            assert!(decode_event(&shared(&raw[..len])).is_err());
         }
         assert_eq!(
-            decode_event(&raw).map(|e| e.event_type),
+            decode_event(&shared(&raw)).map(|e| e.event_type),
             Ok(EventType::Modified)
         );
     }
@@ -231,14 +247,14 @@ mod tests {
     fn documents_keep_bytes_verbatim_and_fail_their_seal_when_damaged() {
         let doc = br#"{"kind":"Pod","listKind":"PodList"}"#;
         let raw = encode_document(doc);
-        assert_eq!(decode_document(&raw).as_deref(), Ok(&doc[..]));
+        assert_eq!(decode_document(&shared(&raw)).as_deref(), Ok(&doc[..]));
         assert_eq!(
-            decode_document(&encode_document(b"")).as_deref(),
+            decode_document(&shared(&encode_document(b""))).as_deref(),
             Ok(&b""[..])
         );
         let mut bad = raw.clone();
         bad[HEADER + 3] ^= 0x01;
-        assert!(decode_document(&bad).is_err());
-        assert!(decode_document(&raw[..HEADER - 1]).is_err());
+        assert!(decode_document(&shared(&bad)).is_err());
+        assert!(decode_document(&shared(&raw[..HEADER - 1])).is_err());
     }
 }

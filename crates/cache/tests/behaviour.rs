@@ -665,6 +665,113 @@ fn a_get_of_the_stored_version_writes_nothing(store: &dyn Store) {
     assert_eq!(found(store, &key("a", "p")), Some("11".into()));
 }
 
+/// A group commit (`apply_events`) must end exactly where the same events applied one by one
+/// end: each event of a group sees the writes of those before it, including the log trimming
+/// past `LOG` and a delete of an object added earlier in the same group.
+fn a_group_of_events_ends_where_one_by_one_ends(store: &dyn Store) {
+    let nameless = br#"{"metadata":{"namespace":"a","resourceVersion":"20"}}"#.to_vec();
+    let events: Vec<(EventType, Vec<u8>)> = vec![
+        (EventType::Added, pod("a", "p2", "11", "n1", &[])),
+        (
+            EventType::Modified,
+            pod("a", "p2", "12", "n1", &[("v", "2")]),
+        ),
+        (EventType::Deleted, pod("a", "p1", "13", "n1", &[])),
+        (EventType::Added, nameless),
+        (
+            EventType::Modified,
+            pod("a", "p2", "10", "n1", &[("v", "old")]),
+        ),
+        (EventType::Bookmark, bookmark("14")),
+        (EventType::Added, pod("a", "p3", "15", "n1", &[])),
+        (
+            EventType::Modified,
+            pod("a", "p2", "16", "n1", &[("v", "3")]),
+        ),
+        (EventType::Deleted, pod("a", "p3", "17", "n1", &[])),
+        (EventType::Added, pod("a", "p4", "18", "n1", &[])),
+    ];
+    let events: Vec<(EventType, &[u8])> = events.iter().map(|(t, b)| (*t, b.as_slice())).collect();
+    let [one_by_one, grouped] = ["kubelet", "kube-proxy"].map(|component| {
+        let s = scope(component, &pods(), None, "", "spec.nodeName=n1");
+        store
+            .replace_scope(&s, "10", &refs(&[pod("a", "p1", "9", "n1", &[])]))
+            .expect("replace");
+        store
+            .put_object(component, &pods(), &pod("a", "p1", "9", "n1", &[]))
+            .expect("pin");
+        s
+    });
+    let singly: Vec<String> = events
+        .iter()
+        .map(|(t, b)| {
+            format!(
+                "{:?}",
+                store
+                    .apply_event(&one_by_one, *t, b)
+                    .map_err(|e| e.to_string())
+            )
+        })
+        .collect();
+    let together: Vec<String> = store
+        .apply_events(&grouped, &events)
+        .expect("one write")
+        .into_iter()
+        .map(|o| format!("{:?}", o.map_err(|e| e.to_string())))
+        .collect();
+    assert_eq!(singly, together);
+    assert!(
+        together[3].starts_with("Err("),
+        "the nameless event alone fails: {together:?}"
+    );
+
+    let view = |s: &outpost_cache::Scope| {
+        let list = store.list(s).expect("list").expect("cached");
+        let items: Vec<(String, String, String)> = list
+            .items
+            .iter()
+            .map(|o| {
+                (
+                    field(&o.bytes, "/metadata/name"),
+                    o.resource_version.to_string(),
+                    field(&o.bytes, "/metadata/labels/v"),
+                )
+            })
+            .collect();
+        let replay: Vec<(EventType, String)> = store
+            .events_since(s, "14")
+            .expect("replayable")
+            .into_iter()
+            .map(|e| (e.event_type, e.resource_version.to_string()))
+            .collect();
+        let too_old = matches!(store.events_since(s, "11"), Err(ReplayError::TooOld(_)));
+        let pinned = ObjectKey::new(&s.component, &pods(), "a", "p1");
+        (
+            list.resource_version.to_string(),
+            items,
+            replay,
+            too_old,
+            store.get(&pinned).expect("get"),
+        )
+    };
+    let expected = view(&one_by_one);
+    assert_eq!(expected.0, "18");
+    assert_eq!(
+        expected.1,
+        [
+            ("p2".to_owned(), "16".to_owned(), "3".to_owned()),
+            ("p4".into(), "18".into(), String::new())
+        ]
+    );
+    assert!(expected.3, "the log of {LOG} was trimmed past 11");
+    assert_eq!(
+        expected.4,
+        Lookup::NotCached,
+        "the delete took the pinned p1 too"
+    );
+    assert_eq!(view(&grouped), expected);
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod mem {
@@ -707,6 +814,7 @@ suite!(
     replays_from_a_broader_scope_are_filtered_like_the_list,
     delete_object_forgets_it_everywhere,
     a_get_of_the_stored_version_writes_nothing,
+    a_group_of_events_ends_where_one_by_one_ends,
     stats_summarise_each_component_resource,
     verify_passes_a_healthy_cache,
     documents_round_trip_and_the_last_write_wins,

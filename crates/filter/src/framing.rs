@@ -2,14 +2,19 @@
 //!
 //! kube-apiserver writes one JSON event per line; chunks of the HTTP body cut lines anywhere.
 
-use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
 
-/// Accumulates body chunks and hands out complete lines (each with its `\n`).
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Accumulates body chunks and hands out complete lines (each with its `\n`). A line that
+/// arrives whole within one chunk is a slice of that chunk (no copy); only a line cut by a chunk
+/// boundary is copied together.
 #[derive(Debug, Default)]
 pub struct LineFramer {
-    buf: BytesMut,
-    /// Bytes of `buf` already searched for a newline, so a long line is scanned once.
-    scanned: usize,
+    /// Complete lines not handed out yet.
+    ready: VecDeque<Bytes>,
+    /// The start of a line whose newline has not arrived.
+    partial: BytesMut,
 }
 
 impl LineFramer {
@@ -17,35 +22,36 @@ impl LineFramer {
         LineFramer::default()
     }
 
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
+    pub fn push(&mut self, chunk: Bytes) {
+        let mut rest = chunk;
+        if !self.partial.is_empty() {
+            let Some(at) = memchr::memchr(b'\n', &rest) else {
+                self.partial.extend_from_slice(&rest);
+                return;
+            };
+            self.partial.extend_from_slice(&rest[..=at]);
+            self.ready.push_back(self.partial.split().freeze());
+            rest.advance(at + 1);
+        }
+        while let Some(at) = memchr::memchr(b'\n', &rest) {
+            self.ready.push_back(rest.split_to(at + 1));
+        }
+        self.partial.extend_from_slice(&rest);
     }
 
     /// The next complete line, newline included; `None` until one has arrived.
     pub fn next_line(&mut self) -> Option<Bytes> {
-        let found = self.buf[self.scanned..].iter().position(|b| *b == b'\n');
-        match found {
-            Some(at) => {
-                let end = self.scanned + at + 1;
-                self.scanned = 0;
-                Some(self.buf.split_to(end).freeze())
-            }
-            None => {
-                self.scanned = self.buf.len();
-                None
-            }
-        }
+        self.ready.pop_front()
     }
 
     /// Whatever follows the last newline, at the end of the stream.
     pub fn finish(&mut self) -> Option<Bytes> {
-        self.scanned = 0;
-        (!self.buf.is_empty()).then(|| self.buf.split().freeze())
+        (!self.partial.is_empty()).then(|| self.partial.split().freeze())
     }
 
     /// Bytes held back waiting for a newline (a proxy may cap this).
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.partial.len()
     }
 }
 
@@ -60,12 +66,12 @@ mod tests {
     #[test]
     fn lines_split_across_chunks() {
         let mut framer = LineFramer::new();
-        framer.push(b"{\"a\":1}\n{\"b\"");
+        framer.push(Bytes::from_static(b"{\"a\":1}\n{\"b\""));
         assert_eq!(drain(&mut framer), [Bytes::from_static(b"{\"a\":1}\n")]);
         assert_eq!(framer.buffered(), 4);
-        framer.push(b":2}");
+        framer.push(Bytes::from_static(b":2}"));
         assert!(drain(&mut framer).is_empty());
-        framer.push(b"\n{\"c\":3}\n{\"d\"");
+        framer.push(Bytes::from_static(b"\n{\"c\":3}\n{\"d\""));
         assert_eq!(
             drain(&mut framer),
             [
@@ -83,10 +89,20 @@ mod tests {
         let mut framer = LineFramer::new();
         let mut lines = Vec::new();
         for b in stream {
-            framer.push(&[*b]);
+            framer.push(Bytes::copy_from_slice(&[*b]));
             lines.extend(drain(&mut framer));
         }
         assert_eq!(lines.concat(), stream);
         assert_eq!(lines.len(), 2);
+    }
+
+    #[test]
+    fn a_line_whole_in_its_chunk_is_a_slice_of_it() {
+        let chunk = Bytes::from_static(b"{\"a\":1}\n{\"b\":2}\n");
+        let mut framer = LineFramer::new();
+        framer.push(chunk.clone());
+        let lines = drain(&mut framer);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1].as_ptr(), chunk[8..].as_ptr(), "not copied");
     }
 }

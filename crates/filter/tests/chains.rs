@@ -455,7 +455,7 @@ fn the_recorded_pod_watch_through_kubelets_chain() {
     let mut framer = LineFramer::new();
     let mut lines = Vec::new();
     for chunk in POD_WATCH.as_bytes().chunks(1000) {
-        framer.push(chunk);
+        framer.push(Bytes::copy_from_slice(chunk));
         lines.extend(std::iter::from_fn(|| framer.next_line()));
     }
     lines.extend(framer.finish());

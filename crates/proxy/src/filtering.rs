@@ -275,7 +275,7 @@ impl Body for FilteredWatch {
             match ready!(Pin::new(inner).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        this.framer.push(&data);
+                        this.framer.push(data);
                         if let Some(out) = this.drain(false) {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
                         }

@@ -11,9 +11,10 @@ use crate::keys::{self, DOCUMENT, EVENT, MEMBER, OBJECT, PIN, SCOPE};
 use crate::kv::Kv;
 use crate::model::{EventType, Gvr, ResourceStats, ResourceVersion, VerifyReport};
 use crate::record;
+use bytes::Bytes;
 
 /// Why one main-tree entry is unusable, if it is.
-fn check_entry(key: &[u8], raw: &[u8]) -> Option<String> {
+fn check_entry(key: &[u8], raw: &Bytes) -> Option<String> {
     let err = |e: record::Corrupt| Some(e.0);
     match key.first() {
         Some(&OBJECT) if keys::decode_object_key(key).is_some() => match record::decode_object(raw)

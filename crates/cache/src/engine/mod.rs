@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tracing::warn;
 
 use crate::error::CacheError;
@@ -29,7 +30,7 @@ use crate::record::now_millis;
 #[derive(Debug)]
 pub(crate) struct Suspect {
     pub key: Vec<u8>,
-    pub raw: Vec<u8>,
+    pub raw: Bytes,
     pub reason: String,
 }
 
@@ -150,12 +151,12 @@ impl<K: Kv> Engine<K> {
         let moved = self.write(|kv| {
             let mut batch = WriteBatch::default();
             for s in suspects {
-                if kv.get(&s.key)?.as_deref() != Some(s.raw.as_slice()) {
+                if kv.get(&s.key)?.as_deref() != Some(&s.raw[..]) {
                     continue;
                 }
                 warn!(key = %keys::describe(&s.key), reason = %s.reason, "quarantining corrupt cache entry");
                 batch.remove(s.key.clone());
-                batch.quarantine.push((s.key, s.raw));
+                batch.quarantine.push((s.key, s.raw.to_vec()));
             }
             let n = batch.quarantine.len() as u64;
             Ok((batch, n))

@@ -1,5 +1,7 @@
 //! How upstream responses change the keyspace. Each public function plans one [`WriteBatch`]
-//! from the current state; [`Engine::write`] commits it atomically.
+//! from the current state; [`Engine::write`] commits it atomically. The planner reads its own
+//! pending writes, so a run of watch events plans into one batch (`apply_events`, the writer's
+//! group commit) and ends exactly where applying them one by one would.
 //!
 //! Rules, in one place:
 //! - an object is never replaced by an older resourceVersion (both parse and the new one is
@@ -13,6 +15,8 @@
 //!   reference.
 
 use std::collections::BTreeSet;
+
+use bytes::Bytes;
 
 use crate::engine::Engine;
 use crate::error::CacheError;
@@ -42,9 +46,35 @@ impl<'a, K: Kv> Planner<'a, K> {
         }
     }
 
+    /// The value as this batch leaves it: the planner's own writes first, then the store. A
+    /// batch of several watch events must see the earlier events' writes.
+    fn get(&self, key: &[u8]) -> Result<Option<Bytes>, CacheError> {
+        match self.batch.main.get(key) {
+            Some(pending) => Ok(pending.as_deref().map(Bytes::copy_from_slice)),
+            None => self.kv.get(key),
+        }
+    }
+
+    /// The keys under `prefix` as this batch leaves them, in order.
+    fn keys_under(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, CacheError> {
+        let mut keys: BTreeSet<Vec<u8>> = self
+            .kv
+            .scan(prefix)
+            .map(|entry| entry.map(|(k, _)| k))
+            .collect::<Result<_, _>>()?;
+        let pending = self.batch.main.range(prefix.to_vec()..);
+        for (key, value) in pending.take_while(|(k, _)| k.starts_with(prefix)) {
+            match value {
+                Some(_) => keys.insert(key.clone()),
+                None => keys.remove(key),
+            };
+        }
+        Ok(keys.into_iter().collect())
+    }
+
     /// The stored object's version; a corrupt record counts as absent so the write heals it.
     fn stored_rv(&self, key: &ObjectKey) -> Result<Option<ResourceVersion>, CacheError> {
-        let raw = self.kv.get(&keys::object_key(OBJECT, key))?;
+        let raw = self.get(&keys::object_key(OBJECT, key))?;
         Ok(raw.and_then(|raw| record::decode_object(&raw).ok().map(|o| o.resource_version)))
     }
 
@@ -57,7 +87,6 @@ impl<'a, K: Kv> Planner<'a, K> {
         bytes: &[u8],
     ) -> Result<Upsert, CacheError> {
         let stored = self
-            .kv
             .get(&keys::object_key(OBJECT, key))?
             .and_then(|raw| record::decode_object(&raw).ok());
         if let Some(stored) = stored {
@@ -74,31 +103,32 @@ impl<'a, K: Kv> Planner<'a, K> {
     }
 
     fn is_pinned(&self, key: &ObjectKey) -> Result<bool, CacheError> {
-        Ok(self.kv.get(&keys::object_key(PIN, key))?.is_some())
+        Ok(self.get(&keys::object_key(PIN, key))?.is_some())
     }
 
     fn scope_meta(&self, scope: &ScopeId) -> Result<Option<ScopeMeta>, CacheError> {
-        let raw = self.kv.get(&keys::scope_key(SCOPE, scope))?;
+        let raw = self.get(&keys::scope_key(SCOPE, scope))?;
         Ok(raw.and_then(|raw| record::decode_scope(&raw).ok()))
     }
 
     /// Every stored scope of the object's component and resource (typically one to three).
     fn sibling_scopes(&self, component: &str, gvr: &Gvr) -> Result<Vec<ScopeId>, CacheError> {
         let prefix = keys::resource_prefix(SCOPE, component, gvr);
-        self.kv
-            .scan(&prefix)
-            .filter_map(|entry| entry.map(|(k, _)| keys::decode_scope_key(&k)).transpose())
-            .collect()
+        let keys = self.keys_under(&prefix)?;
+        Ok(keys
+            .iter()
+            .filter_map(|k| keys::decode_scope_key(k))
+            .collect())
     }
 
     /// Whether anything other than `except` still holds the object.
     fn referenced_elsewhere(&self, key: &ObjectKey, except: &ScopeId) -> Result<bool, CacheError> {
-        if self.kv.get(&keys::object_key(PIN, key))?.is_some() {
+        if self.is_pinned(key)? {
             return Ok(true);
         }
         for scope in self.sibling_scopes(&key.component, &key.gvr)? {
             let member = keys::member_key(&scope, &key.namespace, &key.name);
-            if scope != *except && self.kv.get(&member)?.is_some() {
+            if scope != *except && self.get(&member)?.is_some() {
                 return Ok(true);
             }
         }
@@ -118,7 +148,7 @@ impl<'a, K: Kv> Planner<'a, K> {
     /// Removes the object, its pin and its membership in every scope.
     fn remove_everywhere(&mut self, key: &ObjectKey) -> Result<bool, CacheError> {
         let object = keys::object_key(OBJECT, key);
-        let existed = self.kv.get(&object)?.is_some();
+        let existed = self.get(&object)?.is_some();
         self.batch.remove(object);
         self.batch.remove(keys::object_key(PIN, key));
         for scope in self.sibling_scopes(&key.component, &key.gvr)? {
@@ -157,11 +187,21 @@ impl<'a, K: Kv> Planner<'a, K> {
 
     fn trim_oldest(&mut self, scope: &ScopeId, meta: &mut ScopeMeta) -> Result<(), CacheError> {
         let key = keys::event_key(scope, meta.log_first);
-        let trimmed = self.kv.get(&key)?;
+        let trimmed = self.get(&key)?;
         let trimmed_rv = trimmed.and_then(|raw| record::decode_event(&raw).ok());
         // If the trimmed event is unreadable its version is unknown: only watches from the
         // current scope version can still be served exactly.
+        // The floor never moves back: a stale event (an older version that lost to a newer one)
+        // can sit behind newer ones in the log, and trimming it must not re-admit watches from
+        // versions whose events are already gone.
         meta.log_floor_rv = match trimmed_rv {
+            Some(event)
+                if event
+                    .resource_version
+                    .is_older_than(&ResourceVersion::new(&meta.log_floor_rv)) =>
+            {
+                meta.log_floor_rv.clone()
+            }
             Some(event) => event.resource_version.as_str().to_owned(),
             None => meta.rv.clone(),
         };
@@ -172,25 +212,19 @@ impl<'a, K: Kv> Planner<'a, K> {
 
     fn clear_log(&mut self, scope: &ScopeId) -> Result<(), CacheError> {
         let prefix = keys::scope_key(keys::EVENT, scope);
-        let keys: Vec<Vec<u8>> = self
-            .kv
-            .scan(&prefix)
-            .map(|entry| entry.map(|(k, _)| k))
-            .collect::<Result<_, _>>()?;
-        keys.into_iter().for_each(|k| self.batch.remove(k));
+        for key in self.keys_under(&prefix)? {
+            self.batch.remove(key);
+        }
         Ok(())
     }
 
     fn members(&self, scope: &ScopeId) -> Result<BTreeSet<(String, String)>, CacheError> {
         let prefix = keys::scope_key(MEMBER, scope);
-        let mut members = BTreeSet::new();
-        for entry in self.kv.scan(&prefix) {
-            let (key, _) = entry?;
-            if let Some(member) = keys::decode_member(&key, prefix.len()) {
-                members.insert(member);
-            }
-        }
-        Ok(members)
+        let keys = self.keys_under(&prefix)?;
+        Ok(keys
+            .iter()
+            .filter_map(|k| keys::decode_member(k, prefix.len()))
+            .collect())
     }
 }
 
@@ -281,46 +315,29 @@ impl<K: Kv> Engine<K> {
         })
     }
 
-    pub(crate) fn apply_event(
+    /// Consecutive watch events of one scope, planned in order into one batch (one commit, so
+    /// one flush): each event sees the writes of those before it. An event that does not parse
+    /// gets its own error and writes nothing; the others still apply.
+    pub(crate) fn apply_events(
         &self,
         scope: &Scope,
-        event_type: EventType,
-        bytes: &[u8],
-    ) -> Result<WriteOutcome, CacheError> {
-        if event_type == EventType::Bookmark {
-            return self.apply_bookmark(scope, bytes);
-        }
-        let item = json::identity(bytes)?;
-        check_namespace(scope, &item)?;
+        events: &[(EventType, &[u8])],
+    ) -> Result<Vec<Result<WriteOutcome, CacheError>>, CacheError> {
+        let parsed: Vec<_> = events
+            .iter()
+            .map(|(event_type, bytes)| parse_event(scope, *event_type, bytes))
+            .collect();
         let id = scope.id();
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
-            let key = object_key(scope, &item);
-            let meta = p.scope_meta(&id)?;
-            let outcome = match event_type {
-                EventType::Deleted => plan_delete(&mut p, &key, &item, &id, meta.is_some())?,
-                _ => plan_upsert(&mut p, &key, &item, bytes, &id, meta.is_some())?,
-            };
-            if let Some(mut meta) = meta {
-                advance(&mut meta, &item.rv, p.now_ms);
-                p.log_event(&id, &mut meta, event_type, &item.rv, bytes)?;
-                p.put_scope(&id, &meta);
+            let mut outcomes = Vec::with_capacity(events.len());
+            for ((event_type, bytes), parsed) in events.iter().zip(parsed) {
+                outcomes.push(match parsed {
+                    Ok(parsed) => plan_event(&mut p, scope, &id, *event_type, bytes, parsed),
+                    Err(e) => Err(e),
+                });
             }
-            Ok((p.batch, outcome))
-        })
-    }
-
-    fn apply_bookmark(&self, scope: &Scope, bytes: &[u8]) -> Result<WriteOutcome, CacheError> {
-        let rv = json::bookmark_rv(bytes)?;
-        let id = scope.id();
-        self.write(|kv| {
-            let mut p = Planner::new(kv, self.max_events());
-            let Some(mut meta) = p.scope_meta(&id)? else {
-                return Ok((p.batch, WriteOutcome::ScopeUnknown));
-            };
-            advance(&mut meta, &rv, p.now_ms);
-            p.put_scope(&id, &meta);
-            Ok((p.batch, WriteOutcome::Bookmarked))
+            Ok((p.batch, outcomes))
         })
     }
 
@@ -422,4 +439,53 @@ fn plan_delete<K: Kv>(
         }
         None => Ok(WriteOutcome::ScopeUnknown),
     }
+}
+
+/// What an event carries, read before the write lock is taken.
+enum Parsed {
+    Object(Identity),
+    Bookmark(ResourceVersion),
+}
+
+fn parse_event(scope: &Scope, event_type: EventType, bytes: &[u8]) -> Result<Parsed, CacheError> {
+    if event_type == EventType::Bookmark {
+        return json::bookmark_rv(bytes).map(Parsed::Bookmark);
+    }
+    let item = json::identity(bytes)?;
+    check_namespace(scope, &item)?;
+    Ok(Parsed::Object(item))
+}
+
+/// One event: the object's upsert or delete, then the scope's version and log.
+fn plan_event<K: Kv>(
+    p: &mut Planner<'_, K>,
+    scope: &Scope,
+    id: &ScopeId,
+    event_type: EventType,
+    bytes: &[u8],
+    parsed: Parsed,
+) -> Result<WriteOutcome, CacheError> {
+    let meta = p.scope_meta(id)?;
+    let item = match parsed {
+        Parsed::Bookmark(rv) => {
+            let Some(mut meta) = meta else {
+                return Ok(WriteOutcome::ScopeUnknown);
+            };
+            advance(&mut meta, &rv, p.now_ms);
+            p.put_scope(id, &meta);
+            return Ok(WriteOutcome::Bookmarked);
+        }
+        Parsed::Object(item) => item,
+    };
+    let key = object_key(scope, &item);
+    let outcome = match event_type {
+        EventType::Deleted => plan_delete(p, &key, &item, id, meta.is_some())?,
+        _ => plan_upsert(p, &key, &item, bytes, id, meta.is_some())?,
+    };
+    if let Some(mut meta) = meta {
+        advance(&mut meta, &item.rv, p.now_ms);
+        p.log_event(id, &mut meta, event_type, &item.rv, bytes)?;
+        p.put_scope(id, &meta);
+    }
+    Ok(outcome)
 }

@@ -13,6 +13,7 @@ use std::task::{Context, Poll, ready};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use outpost_cache::{ObjectKey, Scope};
+use outpost_filter::LineFramer;
 
 use super::writer::{CacheOp, Writer};
 use crate::body::{BoxError, ProxyBody};
@@ -34,7 +35,10 @@ pub struct TeeBody {
     inner: ProxyBody,
     sink: Sink,
     writer: Writer,
+    /// A whole body (GET, LIST, discovery), until it ends.
     buf: BytesMut,
+    /// A watch's lines.
+    framer: LineFramer,
     /// Set once the copy is given up or handed over; later frames only pass through.
     done: bool,
 }
@@ -46,6 +50,7 @@ impl TeeBody {
             sink,
             writer,
             buf: BytesMut::new(),
+            framer: LineFramer::new(),
             done: false,
         }
     }
@@ -54,30 +59,32 @@ impl TeeBody {
         if self.done {
             return;
         }
-        if self.buf.len() + data.len() > MAX_BODY {
+        if self.buf.len() + self.framer.buffered() + data.len() > MAX_BODY {
             self.abandon();
             return;
         }
-        self.buf.extend_from_slice(data);
-        if let Sink::Watch(scope) = &self.sink {
-            while let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
-                let line = self.buf.split_to(end + 1).freeze();
-                if line.trim_ascii().is_empty() {
-                    continue;
-                }
-                let op = CacheOp::Event {
-                    scope: scope.clone(),
-                    line,
-                };
-                if !self.writer.submit(op) {
-                    self.abandon();
-                    return;
-                }
-            }
+        let Sink::Watch(scope) = &self.sink else {
+            self.buf.extend_from_slice(data);
+            return;
+        };
+        // A watch goes to the writer as the lines each chunk completes: one queued operation
+        // per chunk, the lines sliced from the chunk, not copied.
+        self.framer.push(data.clone());
+        let lines: Vec<Bytes> = std::iter::from_fn(|| self.framer.next_line())
+            .filter(|line| !line.trim_ascii().is_empty())
+            .collect();
+        if lines.is_empty() {
+            return;
+        }
+        let op = CacheOp::Events {
+            scope: scope.clone(),
+            lines,
+        };
+        if !self.writer.submit(op) {
+            self.abandon();
         }
     }
 
-    /// The body ended cleanly: hand a whole body over (a watch's trailing partial line is dropped).
     fn finish(&mut self) {
         if self.done {
             return;
@@ -100,6 +107,7 @@ impl TeeBody {
     fn abandon(&mut self) {
         self.done = true;
         self.buf = BytesMut::new();
+        self.framer = LineFramer::new();
     }
 }
 

@@ -1,7 +1,10 @@
 //! The cache writer: one dedicated thread that applies what the tees collected, in order.
 //!
-//! Responses are handed over whole (a GET or LIST body) or line by line (watch events) through a
-//! bounded queue, and parsed here, off the request path. When the queue is full the tee gives up
+//! Responses are handed over whole (a GET or LIST body) or as the watch lines each body chunk
+//! completes, through a bounded queue, and parsed here, off the request path. Watch events
+//! already queued for the same scope are applied together as one store call, one flush
+//! (a group commit, bounded by `GROUP_MAX_BYTES`); a lone event is never held back to wait for
+//! company. When the queue is full the tee gives up
 //! on that response rather than slow the client down (see `tee`); what was queued is applied in
 //! the order it arrived, so a LIST always lands before the watch that follows it.
 //!
@@ -32,8 +35,8 @@ pub enum CacheOp {
     Gone { key: ObjectKey },
     /// A complete LIST body: replaces the scope.
     List { scope: Scope, body: Bytes },
-    /// One line of a watch stream.
-    Event { scope: Scope, line: Bytes },
+    /// Consecutive lines of a watch stream (those one body chunk completed).
+    Events { scope: Scope, lines: Vec<Bytes> },
     /// A discovery response body and its content type.
     Document {
         name: String,
@@ -48,7 +51,7 @@ impl CacheOp {
             CacheOp::Object { .. } => "object",
             CacheOp::Gone { .. } => "gone",
             CacheOp::List { .. } => "list",
-            CacheOp::Event { .. } => "event",
+            CacheOp::Events { .. } => "event",
             CacheOp::Document { .. } => "document",
         }
     }
@@ -97,23 +100,25 @@ impl Writer {
 
 fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics, volatile: bool) {
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
-    for op in rx {
-        let label = op.label();
-        let outcome = match apply(store, op, &mut known_kinds) {
-            Ok(outcome) => outcome,
-            Err(ApplyError::Invalid(reason)) => {
-                debug!(op = label, reason, "response not cached");
-                "invalid"
+    let mut next = None;
+    while let Some(op) = next.take().or_else(|| rx.recv().ok()) {
+        match op {
+            CacheOp::Events { scope, lines } => {
+                let (lines, after) = gather_events(rx, &scope, lines);
+                next = after;
+                for group in groups(&lines) {
+                    for outcome in apply_events(store, &scope, group) {
+                        record(metrics, "event", outcome);
+                    }
+                }
             }
-            Err(ApplyError::Store(e)) => {
-                warn!(op = label, error = %e, "cache write failed");
-                "error"
+            op => {
+                let label = op.label();
+                for outcome in apply(store, op, &mut known_kinds) {
+                    record(metrics, label, outcome);
+                }
             }
-        };
-        metrics
-            .cache_writes
-            .with_label_values(&[label, outcome])
-            .inc();
+        }
         metrics
             .cache_degraded
             .set(i64::from(volatile || store.health().degraded));
@@ -121,6 +126,77 @@ fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics, volatile: b
     if let Err(e) = store.flush() {
         warn!(error = %e, "final cache flush failed");
     }
+}
+
+fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
+    let outcome = match applied {
+        Ok(outcome) => outcome,
+        Err(ApplyError::Invalid(reason)) => {
+            debug!(op = label, reason, "response not cached");
+            "invalid"
+        }
+        Err(ApplyError::Store(e)) => {
+            warn!(op = label, error = %e, "cache write failed");
+            "error"
+        }
+    };
+    metrics
+        .cache_writes
+        .with_label_values(&[label, outcome])
+        .inc();
+}
+
+/// Watch events of one scope applied as one store call: a group commit, one flush for the lot.
+/// The bound keeps a group well below one relist of a node's pods (~1 MB), the largest single
+/// write the cache already makes; see "A known sled 0.34 deadlock" in `outpost_cache::sled_store`.
+const GROUP_MAX_BYTES: usize = 256 << 10;
+const GROUP_MAX_EVENTS: usize = 128;
+
+/// `first` and the lines of the same scope's events already queued right behind it, until a
+/// group's worth. Never waits: what is queued is what goes. The first other operation taken
+/// off the queue comes back, to be applied next, so the order is kept.
+fn gather_events(
+    rx: &Receiver<CacheOp>,
+    scope: &Scope,
+    first: Vec<Bytes>,
+) -> (Vec<Bytes>, Option<CacheOp>) {
+    let mut lines = first;
+    let mut bytes: usize = lines.iter().map(Bytes::len).sum();
+    while lines.len() < GROUP_MAX_EVENTS && bytes < GROUP_MAX_BYTES {
+        match rx.try_recv() {
+            Ok(CacheOp::Events {
+                scope: s,
+                lines: more,
+            }) if s == *scope => {
+                bytes += more.iter().map(Bytes::len).sum::<usize>();
+                lines.extend(more);
+            }
+            Ok(other) => return (lines, Some(other)),
+            Err(_) => break,
+        }
+    }
+    (lines, None)
+}
+
+/// `lines` cut into groups within the bounds (a group always takes at least one line).
+fn groups(lines: &[Bytes]) -> Vec<&[Bytes]> {
+    let mut groups = Vec::new();
+    let mut rest = lines;
+    while !rest.is_empty() {
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len()
+            && n < GROUP_MAX_EVENTS
+            && (n == 0 || bytes + rest[n].len() <= GROUP_MAX_BYTES)
+        {
+            bytes += rest[n].len();
+            n += 1;
+        }
+        let (group, tail) = rest.split_at(n);
+        groups.push(group);
+        rest = tail;
+    }
+    groups
 }
 
 enum ApplyError {
@@ -140,27 +216,36 @@ impl From<CacheError> for ApplyError {
 
 type Applied = Result<&'static str, ApplyError>;
 
-fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> Applied {
-    match op {
+/// One outcome per object the operation carried (one, or one per watch line).
+fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> Vec<Applied> {
+    let applied = match op {
         CacheOp::Object { key, body } => apply_object(store, &key, &body, kinds),
-        CacheOp::Gone { key } => Ok(if store.delete_object(&key)? {
-            "deleted"
-        } else {
-            "absent"
-        }),
+        CacheOp::Gone { key } => match store.delete_object(&key) {
+            Ok(true) => Ok("deleted"),
+            Ok(false) => Ok("absent"),
+            Err(e) => Err(e.into()),
+        },
         CacheOp::List { scope, body } => apply_list(store, &scope, &body, kinds),
-        CacheOp::Event { scope, line } => apply_event(store, &scope, &line),
+        CacheOp::Events { scope, lines } => {
+            return groups(&lines)
+                .into_iter()
+                .flat_map(|group| apply_events(store, &scope, group))
+                .collect();
+        }
         CacheOp::Document {
             name,
             content_type,
             body,
-        } => {
-            serde_json::from_slice::<&RawValue>(&body)
-                .map_err(|e| ApplyError::Invalid(format!("discovery body: {e}")))?;
-            store.put_document(&name, &offline::discovery_document(&content_type, &body))?;
-            Ok("stored")
-        }
-    }
+        } => apply_document(store, &name, &content_type, &body),
+    };
+    vec![applied]
+}
+
+fn apply_document(store: &dyn Store, name: &str, content_type: &str, body: &[u8]) -> Applied {
+    serde_json::from_slice::<&RawValue>(body)
+        .map_err(|e| ApplyError::Invalid(format!("discovery body: {e}")))?;
+    store.put_document(name, &offline::discovery_document(content_type, body))?;
+    Ok("stored")
 }
 
 fn apply_object(
@@ -241,16 +326,57 @@ struct EventLine<'a> {
     object: &'a RawValue,
 }
 
-fn apply_event(store: &dyn Store, scope: &Scope, line: &[u8]) -> Applied {
-    let event: EventLine<'_> = serde_json::from_slice(line)
-        .map_err(|e| ApplyError::Invalid(format!("watch event: {e}")))?;
+/// What became of one watch line before the store saw it.
+enum Line<'a> {
+    /// Decided without the store (an ERROR event, or not a watch event at all).
+    Done(Applied),
+    ToStore(EventType, &'a [u8]),
+}
+
+fn read_line(line: &[u8]) -> Line<'_> {
+    let event: EventLine<'_> = match serde_json::from_slice(line) {
+        Ok(event) => event,
+        Err(e) => return Line::Done(Err(ApplyError::Invalid(format!("watch event: {e}")))),
+    };
     if event.event_type == "ERROR" {
         // A 410 or other error ends the stream; the client relists and the list replaces the scope.
-        return Ok("error_event");
+        return Line::Done(Ok("error_event"));
     }
-    let event_type: EventType = event.event_type.parse().map_err(ApplyError::Invalid)?;
-    let outcome = store.apply_event(scope, event_type, event.object.get().as_bytes())?;
-    Ok(outcome_label(&outcome))
+    match event.event_type.parse::<EventType>() {
+        Ok(event_type) => Line::ToStore(event_type, event.object.get().as_bytes()),
+        Err(reason) => Line::Done(Err(ApplyError::Invalid(reason))),
+    }
+}
+
+/// One outcome per line, in order; the lines the store takes go to it in one call.
+fn apply_events(store: &dyn Store, scope: &Scope, lines: &[Bytes]) -> Vec<Applied> {
+    let lines: Vec<Line<'_>> = lines.iter().map(|line| read_line(line)).collect();
+    let events: Vec<(EventType, &[u8])> = lines
+        .iter()
+        .filter_map(|line| match line {
+            Line::ToStore(event_type, object) => Some((*event_type, *object)),
+            Line::Done(_) => None,
+        })
+        .collect();
+    let stored: Vec<Option<Result<WriteOutcome, CacheError>>> =
+        match store.apply_events(scope, &events) {
+            Ok(outcomes) => outcomes.into_iter().map(Some).collect(),
+            Err(e) => {
+                warn!(events = events.len(), error = %e, "cache write of watch events failed");
+                (0..events.len()).map(|_| None).collect()
+            }
+        };
+    let mut stored = stored.into_iter();
+    lines
+        .into_iter()
+        .map(|line| match line {
+            Line::Done(applied) => applied,
+            Line::ToStore(..) => match stored.next().flatten() {
+                Some(outcome) => Ok(outcome_label(&outcome?)),
+                None => Ok("error"),
+            },
+        })
+        .collect()
 }
 
 /// Records a resource's kind once per process (and so once on disk).
@@ -297,7 +423,8 @@ mod tests {
     fn apply_all(store: &MemStore, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         ops.into_iter()
-            .map(|op| match apply(store, op, &mut kinds) {
+            .flat_map(|op| apply(store, op, &mut kinds))
+            .map(|applied| match applied {
                 Ok(o) => o,
                 Err(ApplyError::Invalid(_)) => "invalid",
                 Err(ApplyError::Store(e)) => panic!("{e}"),
@@ -318,9 +445,9 @@ mod tests {
                     scope: scope(),
                     body: Bytes::from_static(LIST.as_bytes()),
                 },
-                CacheOp::Event {
+                CacheOp::Events {
                     scope: scope(),
-                    line: Bytes::from_static(added.as_bytes()),
+                    lines: vec![Bytes::from_static(added.as_bytes())],
                 },
             ],
         );
@@ -362,9 +489,9 @@ mod tests {
                     key: ObjectKey::new("kubelet", &pods(), "d", "a"),
                     body: Bytes::from_static(status.as_bytes()),
                 },
-                CacheOp::Event {
+                CacheOp::Events {
                     scope: scope(),
-                    line: Bytes::from_static(b"\x08\x01k8s protobuf"),
+                    lines: vec![Bytes::from_static(b"\x08\x01k8s protobuf")],
                 },
                 CacheOp::Document {
                     name: "discovery/x".into(),
@@ -415,5 +542,96 @@ mod tests {
         );
         assert_eq!(outcomes, ["stored", "deleted", "absent"]);
         assert_eq!(store.get(&key).unwrap(), Lookup::NotCached);
+    }
+    #[test]
+    fn queued_events_of_one_scope_are_gathered_in_order_up_to_another_op() {
+        let (tx, rx) = sync_channel(16);
+        let other = Scope::unfiltered("kube-proxy", &pods(), None);
+        let line = |n: u8| Bytes::from(vec![b'0' + n]);
+        let events = |scope: &Scope, lines: Vec<Bytes>| CacheOp::Events {
+            scope: scope.clone(),
+            lines,
+        };
+        tx.send(events(&scope(), vec![line(2), line(3)])).unwrap();
+        tx.send(events(&scope(), vec![line(4)])).unwrap();
+        tx.send(events(&other, vec![line(5)])).unwrap();
+        tx.send(events(&scope(), vec![line(6)])).unwrap();
+        let (lines, next) = gather_events(&rx, &scope(), vec![line(1)]);
+        assert_eq!(lines, [line(1), line(2), line(3), line(4)]);
+        assert!(
+            matches!(next, Some(CacheOp::Events { scope, .. }) if scope == other),
+            "the other scope's events come back to be applied next"
+        );
+        let (lines, next) = gather_events(&rx, &other, vec![line(5)]);
+        assert_eq!(lines, [line(5)]);
+        assert!(matches!(next, Some(CacheOp::Events { ref lines, .. }) if *lines == [line(6)]));
+        let (lines, next) = gather_events(&rx, &scope(), vec![line(6)]);
+        assert_eq!(
+            (lines, next.is_none()),
+            (vec![line(6)], true),
+            "an empty queue ends the group: it never waits"
+        );
+    }
+
+    #[test]
+    fn groups_stay_within_their_bounds_and_keep_every_line_in_order() {
+        let big = Bytes::from(vec![b' '; GROUP_MAX_BYTES / 2]);
+        let huge = Bytes::from(vec![b' '; GROUP_MAX_BYTES + 1]);
+        let small = Bytes::from_static(b"{}");
+        let lines = [
+            big.clone(),
+            big.clone(),
+            big.clone(),
+            huge.clone(),
+            small.clone(),
+        ];
+        let sizes: Vec<usize> = groups(&lines).iter().map(|g| g.len()).collect();
+        assert_eq!(sizes, [2, 1, 1, 1], "a line larger than a group goes alone");
+        let many = vec![small; GROUP_MAX_EVENTS * 2 + 1];
+        let cut = groups(&many);
+        assert_eq!(
+            cut.iter().map(|g| g.len()).collect::<Vec<_>>(),
+            [GROUP_MAX_EVENTS, GROUP_MAX_EVENTS, 1]
+        );
+        assert_eq!(cut.concat(), many);
+    }
+
+    #[test]
+    fn a_group_keeps_one_outcome_per_line() {
+        let store = MemStore::new();
+        apply_all(
+            &store,
+            vec![CacheOp::List {
+                scope: scope(),
+                body: Bytes::from_static(LIST.as_bytes()),
+            }],
+        );
+        let event = |t: &str, name: &str, rv: &str| {
+            Bytes::from(format!(
+                r#"{{"type":"{t}","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}","uid":"u-{name}"}}}}}}"#
+            ))
+        };
+        let lines = [
+            event("ADDED", "b", "11"),
+            Bytes::from_static(b"not json"),
+            event("ERROR", "x", "12"),
+            event("MODIFIED", "b", "13"),
+            event("DELETED", "a", "14"),
+        ];
+        let outcomes: Vec<_> = apply_events(&store, &scope(), &lines)
+            .into_iter()
+            .map(|o| match o {
+                Ok(label) => label,
+                Err(ApplyError::Invalid(_)) => "invalid",
+                Err(ApplyError::Store(e)) => panic!("{e}"),
+            })
+            .collect();
+        assert_eq!(
+            outcomes,
+            ["stored", "invalid", "error_event", "stored", "deleted"]
+        );
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(list.resource_version.as_str(), "14");
+        assert_eq!(list.items.len(), 1);
     }
 }
