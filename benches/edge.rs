@@ -57,6 +57,7 @@ const ELSEWHERE: usize = 330;
 const HUB_WORKERS: usize = 1;
 /// Thread names (Linux keeps 15 bytes), for per-thread CPU accounting.
 const OFFLINE_HUB: &str = "hub-offline";
+const BARE: &str = "bare-server";
 const HUB_ON: &str = "hub-cache-on";
 const HUB_OFF: &str = "hub-cache-off";
 /// The hub's cache writer thread and sled's own threads.
@@ -65,6 +66,8 @@ const CACHE_THREADS: &[&str] = &["outpost-cache-w", "sled-io", "log flusher"];
 /// Timed offline LISTs for the percentiles, after untimed warm-up ones.
 const LIST_SAMPLES: usize = 2_000;
 const LIST_WARM_UP: usize = 200;
+/// Requests per turn when the offline LIST and the bare server take turns.
+const LIST_BLOCK: usize = 100;
 /// Offline GETs spread over concurrent keep-alive connections.
 const GET_LOAD: usize = 40_000;
 const GET_CONNECTIONS: usize = 8;
@@ -112,6 +115,87 @@ async fn offline(client: &PlainClient, uri: &http::Uri) -> usize {
     resp.body.len()
 }
 
+/// One GET from the bare server; panics unless it sent the whole body.
+async fn bare_get(client: &PlainClient, uri: &http::Uri, len: usize) {
+    let resp = kubelet_get(client, uri).await;
+    assert!(
+        resp.status == 200 && resp.body.len() == len,
+        "bare server: {}",
+        resp.status
+    );
+}
+
+/// A hyper HTTP/1.1 server on a one-worker runtime of its own that answers every request with
+/// the same bytes: what serving the offline LIST costs without the cache or the pipeline.
+struct BareServer {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BareServer {
+    fn start(body: Bytes) -> BareServer {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name(BARE)
+                .enable_all()
+                .build()
+                .expect("bare runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                ready_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("bench waits");
+                let serve = async {
+                    while let Ok((stream, _)) = listener.accept().await {
+                        let body = body.clone();
+                        let service = hyper::service::service_fn(move |_req| {
+                            let response = http::Response::builder()
+                                .header(http::header::CONTENT_TYPE, "application/json")
+                                .body(http_body_util::Full::new(body.clone()))
+                                .expect("response");
+                            std::future::ready(Ok::<_, std::convert::Infallible>(response))
+                        });
+                        tokio::spawn(
+                            hyper::server::conn::http1::Builder::new()
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                        );
+                    }
+                };
+                tokio::select! {
+                    () = serve => {}
+                    _ = stopped => {}
+                }
+            });
+            rt.shutdown_timeout(Duration::from_secs(5));
+        });
+        let addr = ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("bare server started");
+        BareServer {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BareServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 fn micros(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
@@ -131,7 +215,7 @@ fn offline_reads(c: &mut Criterion) {
     let list_uri = hub.uri(&node_pods_path());
     let get_uri = hub.uri(&pod_path(&pods[0]));
 
-    rt.block_on(async {
+    let list_body = rt.block_on(async {
         // Online, kubelet-like: the responses are teed into the cache.
         let list = kubelet_get(&client, &list_uri).await;
         assert!(list.status == 200 && !list.from_cache, "{}", list.status);
@@ -147,6 +231,7 @@ fn offline_reads(c: &mut Criterion) {
             list.body.len(),
             pod.body.len()
         );
+        list.body
     });
 
     let mut group = c.benchmark_group("edge_offline");
@@ -159,20 +244,36 @@ fn offline_reads(c: &mut Criterion) {
     });
     group.finish();
 
-    // Percentiles of the offline LIST: criterion reports none.
-    let mut samples = rt.block_on(async {
+    // Percentiles of the offline LIST: criterion reports none. Interleaved in blocks with the
+    // same bytes from a bare hyper server (the HTTP floor), so drift hits both alike.
+    let bare = BareServer::start(list_body.clone());
+    let bare_uri: http::Uri = format!("http://{}/api/v1/pods", bare.addr)
+        .parse()
+        .expect("uri");
+    let (mut samples, mut bare_samples) = rt.block_on(async {
         for _ in 0..LIST_WARM_UP {
             offline(&client, &list_uri).await;
+            bare_get(&client, &bare_uri, list_body.len()).await;
         }
         let mut samples = Vec::with_capacity(LIST_SAMPLES);
-        for _ in 0..LIST_SAMPLES {
-            let started = Instant::now();
-            offline(&client, &list_uri).await;
-            samples.push(started.elapsed());
+        let mut bare_samples = Vec::with_capacity(LIST_SAMPLES);
+        for _ in 0..LIST_SAMPLES / LIST_BLOCK {
+            for _ in 0..LIST_BLOCK {
+                let started = Instant::now();
+                offline(&client, &list_uri).await;
+                samples.push(started.elapsed());
+            }
+            for _ in 0..LIST_BLOCK {
+                let started = Instant::now();
+                bare_get(&client, &bare_uri, list_body.len()).await;
+                bare_samples.push(started.elapsed());
+            }
         }
-        samples
+        (samples, bare_samples)
     });
+    drop(bare);
     samples.sort();
+    bare_samples.sort();
     // The floor under it: the same scope read straight from the store, as the hub's blocking
     // task does (no HTTP, no body assembly, no copy to the client).
     let mut floor: Vec<Duration> = (0..LIST_SAMPLES)
@@ -201,6 +302,16 @@ fn offline_reads(c: &mut Criterion) {
         "  floor: SledStore::list of the same scope called directly, {LIST_SAMPLES} times: p50 {} p99 {}",
         micros(percentile(&floor, 0.50)),
         micros(percentile(&floor, 0.99)),
+    );
+    println!(
+        "  HTTP floor: the same {} bytes from a bare hyper server (one worker, no cache), interleaved in blocks of {LIST_BLOCK}: \
+         p50 {} p90 {} p99 {}; hub ÷ bare p50 {:.2} p99 {:.2}",
+        list_body.len(),
+        micros(percentile(&bare_samples, 0.50)),
+        micros(percentile(&bare_samples, 0.90)),
+        micros(percentile(&bare_samples, 0.99)),
+        percentile(&samples, 0.50).as_secs_f64() / percentile(&bare_samples, 0.50).as_secs_f64(),
+        percentile(&samples, 0.99).as_secs_f64() / percentile(&bare_samples, 0.99).as_secs_f64(),
     );
 
     // Offline GET throughput with concurrent keep-alive connections (first round warms them up).

@@ -17,6 +17,11 @@ const MAX_META_LEN: usize = u16::MAX as usize;
 
 #[derive(Deserialize)]
 struct Head {
+    /// Not read, but declared so that an object naming two kinds is rejected as malformed
+    /// (serde refuses a repeated field it knows).
+    #[serde(default)]
+    #[allow(dead_code)]
+    kind: Option<IgnoredAny>,
     #[serde(default)]
     metadata: HeadMeta,
 }
@@ -245,6 +250,11 @@ mod tests {
         assert_eq!(id.rv.number(), Some(12));
         assert!(identity(br#"{"metadata":{"namespace":"a"}}"#).is_err());
         assert!(identity(b"{\"metadata\":").is_err());
+        assert!(
+            identity(br#"{"kind":"Pod","metadata":{"name":"n1"},"kind":"Pod"}"#).is_err(),
+            "two kinds: malformed"
+        );
+        assert!(identity(br#"{"kind":"Pod","metadata":{"name":"n1"}}"#).is_ok());
     }
 
     #[test]

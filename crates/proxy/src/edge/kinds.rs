@@ -71,12 +71,28 @@ struct TypeMeta {
     api_version: Option<String>,
 }
 
+/// How [`with_type_meta`] finds out whether an item already names its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KindCheck {
+    /// Reads the item's top-level keys only up to `metadata`. kube-apiserver writes `kind`
+    /// before `metadata` in every object that has one (typed objects encode `TypeMeta` first,
+    /// unstructured ones sort their keys), so a list item is read about 50 bytes deep instead
+    /// of to its end. The cache rejects an object with two `kind`s, so a server that breaks
+    /// that order costs a second pass ([`KindCheck::Whole`]), never a wrong object.
+    UpToMetadata,
+    /// Reads the whole item.
+    Whole,
+}
+
 /// The object with `kind` and `apiVersion` first, as a GET would return it. List items of
 /// built-in types lack both; they are spliced in as text, the rest of the bytes untouched.
-pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo) -> Cow<'a, [u8]> {
-    let has_kind = serde_json::from_slice::<TypeMeta>(item)
-        .map(|m| m.kind.is_some())
-        .unwrap_or(true);
+pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo, check: KindCheck) -> Cow<'a, [u8]> {
+    let has_kind = match check {
+        KindCheck::UpToMetadata => names_kind_before_metadata(item),
+        KindCheck::Whole => serde_json::from_slice::<TypeMeta>(item)
+            .map(|m| m.kind.is_some())
+            .unwrap_or(true),
+    };
     let Some(rest) = item.strip_prefix(b"{") else {
         return Cow::Borrowed(item);
     };
@@ -93,6 +109,44 @@ pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo) -> Cow<'a, [u8]> {
     Cow::Owned(out)
 }
 
+/// Whether `kind` is a top-level key before `metadata`; what cannot be read counts as having
+/// one (the item is then left as it is, and the cache's own parse judges it).
+fn names_kind_before_metadata(item: &[u8]) -> bool {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    /// Records the answer, then stops the read with an error: serde has no early return.
+    struct TopKeys<'a>(&'a mut Option<bool>);
+
+    impl<'de> Visitor<'de> for TopKeys<'_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                match key.as_ref() {
+                    "kind" => *self.0 = Some(true),
+                    "metadata" => *self.0 = Some(false),
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                }
+                return Err(serde::de::Error::custom("decided"));
+            }
+            *self.0 = Some(false);
+            Ok(())
+        }
+    }
+
+    let mut answer = None;
+    let mut de = serde_json::Deserializer::from_slice(item);
+    let _ = de.deserialize_map(TopKeys(&mut answer));
+    answer.unwrap_or(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,7 +159,7 @@ mod tests {
     #[test]
     fn list_items_get_their_type_meta() {
         let item = br#"{"metadata":{"name":"p","namespace":"d"},"spec":{}}"#;
-        let out = with_type_meta(item, &pod_kind());
+        let out = with_type_meta(item, &pod_kind(), KindCheck::UpToMetadata);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["kind"], "Pod");
         assert_eq!(v["apiVersion"], "v1");
@@ -117,12 +171,39 @@ mod tests {
     fn objects_with_a_kind_are_untouched() {
         let item = br#"{"kind":"Widget","apiVersion":"x.io/v1","metadata":{"name":"w"}}"#;
         assert!(matches!(
-            with_type_meta(item, &pod_kind()),
+            with_type_meta(item, &pod_kind(), KindCheck::UpToMetadata),
             Cow::Borrowed(_)
         ));
-        let empty = with_type_meta(b"{}", &pod_kind());
+        let empty = with_type_meta(b"{}", &pod_kind(), KindCheck::UpToMetadata);
         let v: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(v["kind"], "Pod");
+    }
+
+    #[test]
+    fn both_checks_agree_on_apiserver_shapes() {
+        let typed = br#"{"metadata":{"name":"p","labels":{"kind":"x"}},"spec":{"kind":"y"}}"#;
+        let unstructured = br#"{"apiVersion":"x.io/v1","kind":"Widget","metadata":{"name":"w"}}"#;
+        let late = br#"{"metadata":{"name":"w"},"kind":"Widget"}"#;
+        for (item, spliced) in [(&typed[..], true), (&unstructured[..], false)] {
+            for check in [KindCheck::UpToMetadata, KindCheck::Whole] {
+                let out = with_type_meta(item, &pod_kind(), check);
+                assert_eq!(matches!(out, Cow::Owned(_)), spliced, "{check:?}");
+            }
+        }
+        // Out of apiserver order: only the whole read sees the kind (the cache then rejects
+        // the spliced copy for its two kinds, and the writer reads again in whole).
+        assert!(matches!(
+            with_type_meta(late, &pod_kind(), KindCheck::UpToMetadata),
+            Cow::Owned(_)
+        ));
+        assert!(matches!(
+            with_type_meta(late, &pod_kind(), KindCheck::Whole),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            with_type_meta(b"not json", &pod_kind(), KindCheck::UpToMetadata),
+            Cow::Borrowed(_)
+        ));
     }
 
     #[test]

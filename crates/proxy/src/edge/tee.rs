@@ -10,12 +10,12 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use outpost_cache::{ObjectKey, Scope};
 use outpost_filter::LineFramer;
 
-use super::writer::{CacheOp, Writer};
+use super::writer::{CacheOp, Chunks, Writer};
 use crate::body::{BoxError, ProxyBody};
 
 /// Larger bodies are proxied but not cached (a 1,000-Service list is ~1 MB).
@@ -35,8 +35,8 @@ pub struct TeeBody {
     inner: ProxyBody,
     sink: Sink,
     writer: Writer,
-    /// A whole body (GET, LIST, discovery), until it ends.
-    buf: BytesMut,
+    /// A whole body (GET, LIST, discovery), until it ends: its chunks, shared, not copied.
+    whole: Chunks,
     /// A watch's lines.
     framer: LineFramer,
     /// Set once the copy is given up or handed over; later frames only pass through.
@@ -49,7 +49,7 @@ impl TeeBody {
             inner,
             sink,
             writer,
-            buf: BytesMut::new(),
+            whole: Chunks::default(),
             framer: LineFramer::new(),
             done: false,
         }
@@ -59,19 +59,22 @@ impl TeeBody {
         if self.done {
             return;
         }
-        if self.buf.len() + self.framer.buffered() + data.len() > MAX_BODY {
+        if self.whole.byte_len() + self.framer.buffered() + data.len() > MAX_BODY {
             self.abandon();
             return;
         }
         let Sink::Watch(scope) = &self.sink else {
-            self.buf.extend_from_slice(data);
+            self.whole.push(data.clone());
             return;
         };
         // A watch goes to the writer as the lines each chunk completes: one queued operation
-        // per chunk, the lines sliced from the chunk, not copied.
+        // per chunk. Each line is copied out on its own: a slice would pin the connection's
+        // whole read buffer until the writer got to it, and hyper would allocate (and fault in)
+        // a fresh buffer for every read meanwhile, which costs more than copying the line.
         self.framer.push(data.clone());
         let lines: Vec<Bytes> = std::iter::from_fn(|| self.framer.next_line())
             .filter(|line| !line.trim_ascii().is_empty())
+            .map(|line| Bytes::copy_from_slice(&line))
             .collect();
         if lines.is_empty() {
             return;
@@ -90,7 +93,7 @@ impl TeeBody {
             return;
         }
         self.done = true;
-        let body = std::mem::take(&mut self.buf).freeze();
+        let body = std::mem::take(&mut self.whole);
         let op = match self.sink.clone() {
             Sink::Object(key) => CacheOp::Object { key, body },
             Sink::List(scope) => CacheOp::List { scope, body },
@@ -106,7 +109,7 @@ impl TeeBody {
 
     fn abandon(&mut self) {
         self.done = true;
-        self.buf = BytesMut::new();
+        self.whole = Chunks::default();
         self.framer = LineFramer::new();
     }
 }
@@ -221,7 +224,7 @@ mod tests {
         let other = Scope::unfiltered("kube-proxy", &Gvr::new("", "v1", "pods"), None);
         assert!(writer.submit(CacheOp::List {
             scope: other.clone(),
-            body: marker
+            body: marker.into()
         }));
         wait_for(|| store.list(&other).unwrap().is_some());
         assert!(store.list(&scope()).unwrap().is_none());
@@ -233,7 +236,7 @@ mod tests {
         let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
         assert!(writer.submit(CacheOp::List {
             scope: scope(),
-            body: Bytes::from_static(LIST)
+            body: Bytes::from_static(LIST).into()
         }));
         let event = br#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b","namespace":"d","resourceVersion":"6"}}}
 "#;

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
-use super::kinds::{self, KindInfo};
+use super::kinds::{self, KindCheck, KindInfo};
 use super::offline;
 use crate::metrics::Metrics;
 
@@ -30,19 +30,48 @@ use crate::metrics::Metrics;
 #[derive(Debug)]
 pub enum CacheOp {
     /// A GET's 2xx body.
-    Object { key: ObjectKey, body: Bytes },
+    Object { key: ObjectKey, body: Chunks },
     /// A GET answered 404: the object no longer exists.
     Gone { key: ObjectKey },
     /// A complete LIST body: replaces the scope.
-    List { scope: Scope, body: Bytes },
+    List { scope: Scope, body: Chunks },
     /// Consecutive lines of a watch stream (those one body chunk completed).
     Events { scope: Scope, lines: Vec<Bytes> },
     /// A discovery response body and its content type.
     Document {
         name: String,
         content_type: String,
-        body: Bytes,
+        body: Chunks,
     },
+}
+
+/// A whole body as it arrived, chunk by chunk: the tee hands the chunks over uncopied and the
+/// writer joins them, off the request path.
+#[derive(Debug, Default)]
+pub struct Chunks(Vec<Bytes>);
+
+impl Chunks {
+    pub fn push(&mut self, chunk: Bytes) {
+        self.0.push(chunk);
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    /// The body in one piece (no copy when it arrived in one).
+    fn joined(self) -> Bytes {
+        match <[Bytes; 1]>::try_from(self.0) {
+            Ok([one]) => one,
+            Err(chunks) => chunks.concat().into(),
+        }
+    }
+}
+
+impl From<Bytes> for Chunks {
+    fn from(body: Bytes) -> Chunks {
+        Chunks(vec![body])
+    }
 }
 
 impl CacheOp {
@@ -81,7 +110,10 @@ impl Writer {
         thread_metrics.cache_degraded.set(i64::from(volatile));
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
-            .spawn(move || run(store.as_ref(), &rx, &thread_metrics, volatile))?;
+            .spawn(move || {
+                run_in_background();
+                run(store.as_ref(), &rx, &thread_metrics, volatile)
+            })?;
         Ok(Writer { tx, metrics })
     }
 
@@ -95,6 +127,20 @@ impl Writer {
                 false
             }
         }
+    }
+}
+
+/// The writer's nice value. Caching is background work: when the node's CPUs are contended,
+/// the requests the hub is serving (and the node's pods) come first, and the writer catches up
+/// when they are idle. Nice 10 weighs about a tenth of a nice-0 thread under contention, so the
+/// writer is slowed, never starved (its queue bounds how far behind it may fall; see `tee`).
+const WRITER_NICE: i32 = 10;
+
+fn run_in_background() {
+    let thread = rustix::thread::gettid();
+    // On Linux the nice value is per thread: this lowers the writer alone.
+    if let Err(e) = rustix::process::setpriority_process(Some(thread), WRITER_NICE) {
+        debug!(error = %e, "cache writer keeps its priority");
     }
 }
 
@@ -219,13 +265,13 @@ type Applied = Result<&'static str, ApplyError>;
 /// One outcome per object the operation carried (one, or one per watch line).
 fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> Vec<Applied> {
     let applied = match op {
-        CacheOp::Object { key, body } => apply_object(store, &key, &body, kinds),
+        CacheOp::Object { key, body } => apply_object(store, &key, &body.joined(), kinds),
         CacheOp::Gone { key } => match store.delete_object(&key) {
             Ok(true) => Ok("deleted"),
             Ok(false) => Ok("absent"),
             Err(e) => Err(e.into()),
         },
-        CacheOp::List { scope, body } => apply_list(store, &scope, &body, kinds),
+        CacheOp::List { scope, body } => apply_list(store, &scope, &body.joined(), kinds),
         CacheOp::Events { scope, lines } => {
             return groups(&lines)
                 .into_iter()
@@ -236,7 +282,7 @@ fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> 
             name,
             content_type,
             body,
-        } => apply_document(store, &name, &content_type, &body),
+        } => apply_document(store, &name, &content_type, &body.joined()),
     };
     vec![applied]
 }
@@ -306,15 +352,21 @@ fn apply_list(
     if list.metadata.resource_version.is_empty() {
         return Err(ApplyError::Invalid("list without resourceVersion".into()));
     }
-    let items: Vec<_> = list
-        .items
-        .unwrap_or_default()
-        .into_iter()
-        .map(|raw| kinds::with_type_meta(raw.get().as_bytes(), &kind))
-        .collect();
-    let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
+    let raw_items = list.items.unwrap_or_default();
+    let replace = |check| {
+        let items: Vec<_> = raw_items
+            .iter()
+            .map(|raw| kinds::with_type_meta(raw.get().as_bytes(), &kind, check))
+            .collect();
+        let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
+        store.replace_scope(scope, &list.metadata.resource_version, &item_refs)
+    };
+    if let Err(CacheError::InvalidObject(reason)) = replace(KindCheck::UpToMetadata) {
+        // Possibly a `kind` after `metadata` that the short read missed; read the items whole.
+        debug!(reason, "list items read again in whole");
+        replace(KindCheck::Whole)?;
+    }
     remember_kind(store, &scope.gvr, kind, kinds)?;
-    store.replace_scope(scope, &list.metadata.resource_version, &item_refs)?;
     Ok("replaced")
 }
 
@@ -443,7 +495,7 @@ mod tests {
             vec![
                 CacheOp::List {
                     scope: scope(),
-                    body: Bytes::from_static(LIST.as_bytes()),
+                    body: Bytes::from_static(LIST.as_bytes()).into(),
                 },
                 CacheOp::Events {
                     scope: scope(),
@@ -479,15 +531,15 @@ mod tests {
             vec![
                 CacheOp::List {
                     scope: scope(),
-                    body: Bytes::from_static(b"{\"kind\":\"PodList\",\"items\":[{"),
+                    body: Bytes::from_static(b"{\"kind\":\"PodList\",\"items\":[{").into(),
                 },
                 CacheOp::List {
                     scope: scope(),
-                    body: Bytes::from_static(status.as_bytes()),
+                    body: Bytes::from_static(status.as_bytes()).into(),
                 },
                 CacheOp::Object {
                     key: ObjectKey::new("kubelet", &pods(), "d", "a"),
-                    body: Bytes::from_static(status.as_bytes()),
+                    body: Bytes::from_static(status.as_bytes()).into(),
                 },
                 CacheOp::Events {
                     scope: scope(),
@@ -496,13 +548,32 @@ mod tests {
                 CacheOp::Document {
                     name: "discovery/x".into(),
                     content_type: "application/json".into(),
-                    body: Bytes::from_static(b"<html>"),
+                    body: Bytes::from_static(b"<html>").into(),
                 },
             ],
         );
         assert_eq!(outcomes, ["invalid"; 5]);
         assert!(store.list(&scope()).unwrap().is_none());
         assert!(store.get_document("discovery/x").unwrap().is_none());
+    }
+
+    #[test]
+    fn list_items_naming_their_kind_late_are_cached_with_one_kind() {
+        let store = MemStore::new();
+        let late = r#"{"kind":"WidgetList","apiVersion":"x.io/v1","metadata":{"resourceVersion":"7"},"items":[{"metadata":{"name":"w","namespace":"d","resourceVersion":"6"},"kind":"Widget","apiVersion":"x.io/v1"}]}"#;
+        let gvr = Gvr::new("x.io", "v1", "widgets");
+        let widgets = Scope::unfiltered("kubelet", &gvr, None);
+        let outcomes = apply_all(
+            &store,
+            vec![CacheOp::List {
+                scope: widgets.clone(),
+                body: Bytes::from_static(late.as_bytes()).into(),
+            }],
+        );
+        assert_eq!(outcomes, ["replaced"]);
+        let list = store.list(&widgets).unwrap().unwrap();
+        let item = std::str::from_utf8(&list.items[0].bytes).unwrap();
+        assert_eq!(item.matches(r#""kind""#).count(), 1, "{item}");
     }
 
     #[test]
@@ -516,7 +587,7 @@ mod tests {
             &store,
             vec![CacheOp::List {
                 scope: scope(),
-                body: Bytes::from(page),
+                body: Bytes::from(page).into(),
             }],
         );
         assert_eq!(outcomes, ["partial"]);
@@ -534,7 +605,7 @@ mod tests {
                     key: key.clone(),
                     body: Bytes::from_static(
                         br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"3"}}"#,
-                    ),
+                    ).into(),
                 },
                 CacheOp::Gone { key: key.clone() },
                 CacheOp::Gone { key: key.clone() },
@@ -596,6 +667,36 @@ mod tests {
         assert_eq!(cut.concat(), many);
     }
 
+    /// The nice value of this process's thread named `name`, from `/proc` (field 19 of `stat`).
+    fn nice_of_thread(name: &str) -> Option<i32> {
+        let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+        tasks.flatten().find_map(|task| {
+            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
+            if comm.trim() != name {
+                return None;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // Fields after the parenthesised command name, which may contain spaces.
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            fields.get(16)?.parse().ok()
+        })
+    }
+
+    #[test]
+    fn the_writer_runs_at_a_lower_priority() {
+        let writer = Writer::start(Arc::new(MemStore::new()), Metrics::new(), false).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let nice = loop {
+            match nice_of_thread("outpost-cache-w") {
+                Some(nice) if nice == WRITER_NICE => break nice,
+                _ if std::time::Instant::now() > deadline => break i32::MIN,
+                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        };
+        assert_eq!(nice, WRITER_NICE, "the cache writer thread's nice value");
+        drop(writer);
+    }
+
     #[test]
     fn a_group_keeps_one_outcome_per_line() {
         let store = MemStore::new();
@@ -603,7 +704,7 @@ mod tests {
             &store,
             vec![CacheOp::List {
                 scope: scope(),
-                body: Bytes::from_static(LIST.as_bytes()),
+                body: Bytes::from_static(LIST.as_bytes()).into(),
             }],
         );
         let event = |t: &str, name: &str, rv: &str| {
