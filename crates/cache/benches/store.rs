@@ -14,6 +14,9 @@
 //! Measured on the shared 2-core dev VM (release, medians): apply_event 534 µs flushed /
 //! 162 µs batched / 31 µs in memory; list 325 µs exact scope / 1.77 ms filtered from an
 //! unfiltered scope; get 7.4 µs; relist of 110 pods 4.2 ms; flush after one event 375 µs.
+//! 2026-11-24, after reads stopped copying and records were sealed in place: apply_event
+//! 284 µs flushed / 87 µs batched / 10 µs in memory; apply_events of 32 pods 1.50 ms flushed,
+//! 47 µs per event.
 
 use std::hint::black_box;
 use std::time::Duration;
