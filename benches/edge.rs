@@ -7,8 +7,10 @@
 //!
 //! - `edge_offline/list_110_pods_by_node`: kubelet's pod LIST (`fieldSelector=spec.nodeName=edge-1`)
 //!   answered from the cache while the fake refuses connections. Criterion gives the median; the
-//!   bench also prints percentiles (p99 included) of a separate fixed run of timed requests, and
-//!   the same percentiles for the store's own `list` of that scope (the floor under the LIST).
+//!   bench also prints percentiles (p99 included) of a separate fixed run of timed requests,
+//!   interleaved with the same LIST right after a write (so the hub reads the store instead of
+//!   its memo of the unchanged answer) and with the same bytes from a bare hyper server, and the
+//!   percentiles of the store's own `list` of that scope.
 //! - `edge_offline/get_pod`: one pod GET from the cache, sequential (criterion reports it as
 //!   requests/s); the bench also prints the throughput of 8 keep-alive connections hammering the
 //!   same hub, and the CPU the hub's threads (its one worker plus its blocking pool, where cache
@@ -244,24 +246,41 @@ fn offline_reads(c: &mut Criterion) {
     });
     group.finish();
 
-    // Percentiles of the offline LIST: criterion reports none. Interleaved in blocks with the
-    // same bytes from a bare hyper server (the HTTP floor), so drift hits both alike.
+    // Percentiles of the offline LIST: criterion reports none. Three legs take turns in blocks,
+    // so drift hits them alike: the LIST as above (after the first, the hub answers from its
+    // memo: nothing was written since); the LIST right after an untimed write to the store
+    // (the memo misses and the store is read); the same bytes from a bare hyper server (the
+    // HTTP floor).
     let bare = BareServer::start(list_body.clone());
     let bare_uri: http::Uri = format!("http://{}/api/v1/pods", bare.addr)
         .parse()
         .expect("uri");
-    let (mut samples, mut bare_samples) = rt.block_on(async {
+    let bump = |n: usize| {
+        let doc = format!("{{\"n\":{n}}}");
+        cache
+            .store
+            .put_document("bench/bump", doc.as_bytes())
+            .expect("bump");
+    };
+    let (mut samples, mut cold_samples, mut bare_samples) = rt.block_on(async {
         for _ in 0..LIST_WARM_UP {
             offline(&client, &list_uri).await;
             bare_get(&client, &bare_uri, list_body.len()).await;
         }
         let mut samples = Vec::with_capacity(LIST_SAMPLES);
+        let mut cold_samples = Vec::with_capacity(LIST_SAMPLES);
         let mut bare_samples = Vec::with_capacity(LIST_SAMPLES);
-        for _ in 0..LIST_SAMPLES / LIST_BLOCK {
+        for block in 0..LIST_SAMPLES / LIST_BLOCK {
             for _ in 0..LIST_BLOCK {
                 let started = Instant::now();
                 offline(&client, &list_uri).await;
                 samples.push(started.elapsed());
+            }
+            for i in 0..LIST_BLOCK {
+                bump(block * LIST_BLOCK + i);
+                let started = Instant::now();
+                offline(&client, &list_uri).await;
+                cold_samples.push(started.elapsed());
             }
             for _ in 0..LIST_BLOCK {
                 let started = Instant::now();
@@ -269,10 +288,11 @@ fn offline_reads(c: &mut Criterion) {
                 bare_samples.push(started.elapsed());
             }
         }
-        (samples, bare_samples)
+        (samples, cold_samples, bare_samples)
     });
     drop(bare);
     samples.sort();
+    cold_samples.sort();
     bare_samples.sort();
     // The floor under it: the same scope read straight from the store, as the hub's blocking
     // task does (no HTTP, no body assembly, no copy to the client).
@@ -302,6 +322,13 @@ fn offline_reads(c: &mut Criterion) {
         "  floor: SledStore::list of the same scope called directly, {LIST_SAMPLES} times: p50 {} p99 {}",
         micros(percentile(&floor, 0.50)),
         micros(percentile(&floor, 0.99)),
+    );
+    println!(
+        "  after a write (the store is read): p50 {} p90 {} p99 {} p99.9 {}",
+        micros(percentile(&cold_samples, 0.50)),
+        micros(percentile(&cold_samples, 0.90)),
+        micros(percentile(&cold_samples, 0.99)),
+        micros(percentile(&cold_samples, 0.999)),
     );
     println!(
         "  HTTP floor: the same {} bytes from a bare hyper server (one worker, no cache), interleaved in blocks of {LIST_BLOCK}: \

@@ -131,6 +131,11 @@ pub trait Store: Send + Sync {
 
     fn health(&self) -> Health;
 
+    /// A number that moves whenever a write may have changed what reads return (every commit,
+    /// whatever it touched). No I/O, no lock: a reader that notes it *before* a read may keep
+    /// that read's answer for as long as the number has not moved.
+    fn write_seq(&self) -> u64;
+
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), CacheError>;
 

@@ -116,6 +116,10 @@ impl Store for MemStore {
         self.engine.health()
     }
 
+    fn write_seq(&self) -> u64 {
+        self.engine.write_seq()
+    }
+
     fn flush(&self) -> Result<(), CacheError> {
         Ok(())
     }

@@ -459,6 +459,8 @@ impl SledStore {
             }
         };
         let old = std::mem::replace(kv, new);
+        // Same entries, other buffers: answers kept from the old database are let go.
+        self.engine.note_write();
         let old_dir = old.root.join(&old.name);
         drop(old);
         if let Err(e) = fs::remove_dir_all(&old_dir) {
@@ -559,6 +561,10 @@ impl Store for SledStore {
 
     fn health(&self) -> Health {
         self.engine.health()
+    }
+
+    fn write_seq(&self) -> u64 {
+        self.engine.write_seq()
     }
 
     fn flush(&self) -> Result<(), CacheError> {

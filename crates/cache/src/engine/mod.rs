@@ -45,6 +45,8 @@ pub(crate) struct Engine<K> {
     busy_since_ms: AtomicU64,
     /// Watch events kept per scope; older watches get 410.
     max_events: usize,
+    /// Bumped by every commit (see [`crate::Store::write_seq`]).
+    writes: AtomicU64,
 }
 
 impl<K: Kv> Engine<K> {
@@ -55,6 +57,7 @@ impl<K: Kv> Engine<K> {
             health: Mutex::new(Health::default()),
             busy_since_ms: AtomicU64::new(0),
             max_events,
+            writes: AtomicU64::new(0),
         }
     }
 
@@ -123,6 +126,9 @@ impl<K: Kv> Engine<K> {
             return Ok(out);
         }
         let result = self.timed(|| kv.commit(batch));
+        // Under the write lock, so a reader that notes the number before taking the read lock
+        // can only see it move on from what it read.
+        self.note_write();
         drop(kv);
         self.observe(result.map(|()| out))
     }
@@ -163,6 +169,15 @@ impl<K: Kv> Engine<K> {
         })?;
         self.quarantined.fetch_add(moved, Ordering::Relaxed);
         Ok(moved)
+    }
+
+    /// Counts a change to the keyspace (a commit, a compaction's switch).
+    pub(crate) fn note_write(&self) {
+        self.writes.fetch_add(1, Ordering::Release);
+    }
+
+    pub(crate) fn write_seq(&self) -> u64 {
+        self.writes.load(Ordering::Acquire)
     }
 
     pub(crate) fn max_events(&self) -> usize {

@@ -13,6 +13,7 @@
 //! truth and a change of filter configuration applies to cached data too.
 
 pub mod kinds;
+pub mod lists;
 pub mod negotiate;
 pub mod offline;
 pub mod policy;
@@ -40,6 +41,8 @@ use writer::CacheOp;
 /// The edge cache as the pipeline sees it.
 pub struct Edge {
     store: Arc<dyn Store>,
+    /// Offline LIST answers while the cache is unchanged.
+    lists: lists::ListMemo,
     policy: CachePolicy,
     writer: Writer,
     health: Arc<ServerStates>,
@@ -59,6 +62,7 @@ impl Edge {
         Ok(Edge {
             health,
             store,
+            lists: lists::ListMemo::default(),
             policy,
             writer,
             metrics,
@@ -153,9 +157,10 @@ impl Edge {
         let verb = info.verb.as_str();
         let result = match plan {
             CachePlan::Object { key } => offline::get(&self.store, key).await,
-            CachePlan::List { scope } => offline::list(&self.store, scope, info).await,
+            CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
             CachePlan::Watch { scope } => {
-                watch::serve(&self.store, scope, info, self.health.subscribe()).await
+                let online = self.health.subscribe();
+                watch::serve(&self.lists, &self.store, scope, info, online).await
             }
             CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
         };

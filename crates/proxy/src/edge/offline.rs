@@ -20,6 +20,7 @@ use outpost_core::RequestInfo;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{self, KindInfo};
+use super::lists::ListMemo;
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 
@@ -73,6 +74,7 @@ pub async fn get(
 
 /// LIST of a scope, paged like the apiserver when the client sends `limit`.
 pub async fn list(
+    lists: &ListMemo,
     store: &Arc<dyn Store>,
     scope: Scope,
     info: &RequestInfo,
@@ -86,9 +88,10 @@ pub async fn list(
         None => None,
         Some(token) => Some(ContinueToken::decode(token)?),
     };
-    let (result, kind) = covered_list(store, scope).await?;
-    let page = Page::of(&result, start.as_ref(), page_limit(info));
-    Ok(json_response_in_pieces(list_chunks(&kind, &result, &page)))
+    let covered = lists.covered(store, scope).await?;
+    let (result, kind) = &*covered;
+    let page = Page::of(result, start.as_ref(), page_limit(info));
+    Ok(json_response_in_pieces(list_chunks(kind, result, &page)))
 }
 
 /// The page size to honour. `resourceVersion=0` ("any version") is served whole, as the

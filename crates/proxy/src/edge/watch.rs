@@ -23,7 +23,8 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use super::kinds::KindInfo;
-use super::offline::{self, blocking, covered_list, resolve_kind};
+use super::lists::ListMemo;
+use super::offline::{self, blocking, resolve_kind};
 use crate::body::{BoxError, ProxyBody};
 use crate::error::ProxyError;
 
@@ -45,6 +46,7 @@ struct Start {
 
 /// Serves an offline WATCH of `scope`; `online` ends it when the cloud is back.
 pub async fn serve(
+    lists: &ListMemo,
     store: &Arc<dyn Store>,
     scope: Scope,
     info: &RequestInfo,
@@ -55,8 +57,9 @@ pub async fn serve(
     let initial_events = q.send_initial_events.unwrap_or(from.is_none());
     let kind;
     let start = if initial_events {
-        let (list, list_kind) = covered_list(store, scope.clone()).await?;
-        kind = list_kind;
+        let covered = lists.covered(store, scope.clone()).await?;
+        let (list, list_kind) = &*covered;
+        kind = list_kind.clone();
         let rv = list.resource_version.as_str().to_owned();
         let mut lines: Vec<Bytes> = list
             .items
