@@ -2,7 +2,9 @@
 //! `limit`/`continue`, list resourceVersion), discovery documents. The offline WATCH is in
 //! [`super::watch`].
 //!
-//! Bodies are built from the stored upstream bytes; objects are never re-encoded. A LIST that no
+//! Bodies are built from the stored upstream bytes; objects are never re-encoded. A LIST's
+//! items come through [`super::lists::ListMemo`], which keeps answers while the cache is
+//! unchanged. A LIST that no
 //! cached scope covers, or one whose scope lost entries to corruption, is a 503 Status — never an
 //! empty or partial list, because kubelet deletes pods missing from the list it is given. A scope
 //! that the cloud itself reported empty is served empty: that is the truth as last seen.
