@@ -38,6 +38,11 @@ use crate::metrics::Metrics;
 use tee::{Sink, TeeBody};
 use writer::CacheOp;
 
+/// How long an offline answer waits for the cache writer to apply what was queued before it
+/// (the last responses passed on before the cloud went away). Normally nothing or milliseconds;
+/// the bound only matters when the writer is stuck.
+const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The edge cache as the pipeline sees it.
 pub struct Edge {
     store: Arc<dyn Store>,
@@ -155,6 +160,12 @@ impl Edge {
         headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let verb = info.verb.as_str();
+        if !self.writer.caught_up(CATCH_UP).await {
+            debug!(
+                verb,
+                "the cache writer is still behind; answering from the cache as it is"
+            );
+        }
         let result = match plan {
             CachePlan::Object { key } => offline::get(&self.store, key).await,
             CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,

@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::Duration;
 
 use bytes::Bytes;
 use outpost_cache::{CacheError, EventType, Gvr, ObjectKey, Scope, Store, WriteOutcome};
@@ -91,6 +93,14 @@ impl CacheOp {
 pub struct Writer {
     tx: SyncSender<CacheOp>,
     metrics: Metrics,
+    progress: Arc<Progress>,
+}
+
+/// Operations handed to the writer and operations it has applied (or given up on).
+#[derive(Debug, Default)]
+struct Progress {
+    queued: AtomicU64,
+    applied: AtomicU64,
 }
 
 /// Operations queued before tees start dropping: a burst of watch events or a few relists.
@@ -108,51 +118,67 @@ impl Writer {
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
         let thread_metrics = metrics.clone();
         thread_metrics.cache_degraded.set(i64::from(volatile));
+        let progress = Arc::new(Progress::default());
+        let applied = progress.clone();
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
-            .spawn(move || {
-                run_in_background();
-                run(store.as_ref(), &rx, &thread_metrics, volatile)
-            })?;
-        Ok(Writer { tx, metrics })
+            .spawn(move || run(store.as_ref(), &rx, &thread_metrics, volatile, &applied))?;
+        Ok(Writer {
+            tx,
+            metrics,
+            progress,
+        })
     }
 
     /// Queues `op`; `false` when the queue is full or the writer is gone (the op is dropped).
     pub fn submit(&self, op: CacheOp) -> bool {
         let label = op.label();
         match self.tx.try_send(op) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.progress.queued.fetch_add(1, Ordering::AcqRel);
+                true
+            }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.cache_dropped.with_label_values(&[label]).inc();
                 false
             }
         }
     }
-}
 
-/// The writer's nice value. Caching is background work: when the node's CPUs are contended,
-/// the requests the hub is serving (and the node's pods) come first, and the writer catches up
-/// when they are idle. Nice 10 weighs about a tenth of a nice-0 thread under contention, so the
-/// writer is slowed, never starved (its queue bounds how far behind it may fall; see `tee`).
-const WRITER_NICE: i32 = 10;
-
-fn run_in_background() {
-    let thread = rustix::thread::gettid();
-    // On Linux the nice value is per thread: this lowers the writer alone.
-    if let Err(e) = rustix::process::setpriority_process(Some(thread), WRITER_NICE) {
-        debug!(error = %e, "cache writer keeps its priority");
+    /// Waits, at most `within`, until every operation queued before the call is applied.
+    /// Offline answers wait for it, so that they include what the hub passed on to its clients
+    /// just before the cloud went away. `false`: the writer is still behind (a long relist, a
+    /// stuck disk); the caller answers from the cache as it is.
+    pub async fn caught_up(&self, within: Duration) -> bool {
+        let target = self.progress.queued.load(Ordering::Acquire);
+        let deadline = tokio::time::Instant::now() + within;
+        while self.progress.applied.load(Ordering::Acquire) < target {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
     }
 }
 
-fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics, volatile: bool) {
+fn run(
+    store: &dyn Store,
+    rx: &Receiver<CacheOp>,
+    metrics: &Metrics,
+    volatile: bool,
+    progress: &Progress,
+) {
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
     let mut next = None;
     while let Some(op) = next.take().or_else(|| rx.recv().ok()) {
+        let mut ops = 1;
         match op {
             CacheOp::Events { scope, lines } => {
-                let (lines, after) = gather_events(rx, &scope, lines);
-                next = after;
-                for group in groups(&lines) {
+                let gathered = gather_events(rx, &scope, lines);
+                ops += gathered.more_ops;
+                next = gathered.next;
+                for group in groups(&gathered.lines) {
                     for outcome in apply_events(store, &scope, group) {
                         record(metrics, "event", outcome);
                     }
@@ -165,6 +191,7 @@ fn run(store: &dyn Store, rx: &Receiver<CacheOp>, metrics: &Metrics, volatile: b
                 }
             }
         }
+        progress.applied.fetch_add(ops, Ordering::AcqRel);
         metrics
             .cache_degraded
             .set(i64::from(volatile || store.health().degraded));
@@ -198,16 +225,23 @@ fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
 const GROUP_MAX_BYTES: usize = 256 << 10;
 const GROUP_MAX_EVENTS: usize = 128;
 
+/// What [`gather_events`] took off the queue.
+struct Gathered {
+    lines: Vec<Bytes>,
+    /// Queued operations merged into `lines` besides the first.
+    more_ops: u64,
+    /// The first other operation taken off the queue, to be applied next.
+    next: Option<CacheOp>,
+}
+
 /// `first` and the lines of the same scope's events already queued right behind it, until a
 /// group's worth. Never waits: what is queued is what goes. The first other operation taken
 /// off the queue comes back, to be applied next, so the order is kept.
-fn gather_events(
-    rx: &Receiver<CacheOp>,
-    scope: &Scope,
-    first: Vec<Bytes>,
-) -> (Vec<Bytes>, Option<CacheOp>) {
+fn gather_events(rx: &Receiver<CacheOp>, scope: &Scope, first: Vec<Bytes>) -> Gathered {
     let mut lines = first;
     let mut bytes: usize = lines.iter().map(Bytes::len).sum();
+    let mut more_ops = 0;
+    let mut next = None;
     while lines.len() < GROUP_MAX_EVENTS && bytes < GROUP_MAX_BYTES {
         match rx.try_recv() {
             Ok(CacheOp::Events {
@@ -216,12 +250,20 @@ fn gather_events(
             }) if s == *scope => {
                 bytes += more.iter().map(Bytes::len).sum::<usize>();
                 lines.extend(more);
+                more_ops += 1;
             }
-            Ok(other) => return (lines, Some(other)),
+            Ok(other) => {
+                next = Some(other);
+                break;
+            }
             Err(_) => break,
         }
     }
-    (lines, None)
+    Gathered {
+        lines,
+        more_ops,
+        next,
+    }
 }
 
 /// `lines` cut into groups within the bounds (a group always takes at least one line).
@@ -627,18 +669,21 @@ mod tests {
         tx.send(events(&scope(), vec![line(4)])).unwrap();
         tx.send(events(&other, vec![line(5)])).unwrap();
         tx.send(events(&scope(), vec![line(6)])).unwrap();
-        let (lines, next) = gather_events(&rx, &scope(), vec![line(1)]);
-        assert_eq!(lines, [line(1), line(2), line(3), line(4)]);
+        let gathered = gather_events(&rx, &scope(), vec![line(1)]);
+        assert_eq!(gathered.lines, [line(1), line(2), line(3), line(4)]);
+        assert_eq!(gathered.more_ops, 2);
         assert!(
-            matches!(next, Some(CacheOp::Events { scope, .. }) if scope == other),
+            matches!(gathered.next, Some(CacheOp::Events { scope, .. }) if scope == other),
             "the other scope's events come back to be applied next"
         );
-        let (lines, next) = gather_events(&rx, &other, vec![line(5)]);
-        assert_eq!(lines, [line(5)]);
-        assert!(matches!(next, Some(CacheOp::Events { ref lines, .. }) if *lines == [line(6)]));
-        let (lines, next) = gather_events(&rx, &scope(), vec![line(6)]);
+        let gathered = gather_events(&rx, &other, vec![line(5)]);
+        assert_eq!(gathered.lines, [line(5)]);
+        assert!(
+            matches!(gathered.next, Some(CacheOp::Events { ref lines, .. }) if *lines == [line(6)])
+        );
+        let gathered = gather_events(&rx, &scope(), vec![line(6)]);
         assert_eq!(
-            (lines, next.is_none()),
+            (gathered.lines, gathered.next.is_none()),
             (vec![line(6)], true),
             "an empty queue ends the group: it never waits"
         );
@@ -667,34 +712,34 @@ mod tests {
         assert_eq!(cut.concat(), many);
     }
 
-    /// The nice value of this process's thread named `name`, from `/proc` (field 19 of `stat`).
-    fn nice_of_thread(name: &str) -> Option<i32> {
-        let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-        tasks.flatten().find_map(|task| {
-            let comm = std::fs::read_to_string(task.path().join("comm")).ok()?;
-            if comm.trim() != name {
-                return None;
-            }
-            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            // Fields after the parenthesised command name, which may contain spaces.
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            fields.get(16)?.parse().ok()
-        })
-    }
-
-    #[test]
-    fn the_writer_runs_at_a_lower_priority() {
-        let writer = Writer::start(Arc::new(MemStore::new()), Metrics::new(), false).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let nice = loop {
-            match nice_of_thread("outpost-cache-w") {
-                Some(nice) if nice == WRITER_NICE => break nice,
-                _ if std::time::Instant::now() > deadline => break i32::MIN,
-                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
-            }
+    #[tokio::test]
+    async fn caught_up_waits_for_what_was_queued_before() {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
+        let event = |name: &str, rv: u32| {
+            Bytes::from(format!(
+                r#"{{"type":"ADDED","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}"}}}}}}"#
+            ))
         };
-        assert_eq!(nice, WRITER_NICE, "the cache writer thread's nice value");
-        drop(writer);
+        assert!(writer.submit(CacheOp::List {
+            scope: scope(),
+            body: Bytes::from_static(LIST.as_bytes()).into(),
+        }));
+        for i in 0..200 {
+            let lines = vec![event(&format!("p{i}"), 11 + i)];
+            assert!(writer.submit(CacheOp::Events {
+                scope: scope(),
+                lines
+            }));
+        }
+        assert!(writer.caught_up(Duration::from_secs(10)).await);
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(list.items.len(), 201, "everything queued before is applied");
+        assert_eq!(list.resource_version.as_str(), "210");
+        assert!(
+            writer.caught_up(Duration::ZERO).await,
+            "nothing queued: no wait"
+        );
     }
 
     #[test]
