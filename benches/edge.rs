@@ -43,8 +43,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use outpost_benches::{
-    Fetched, HubThread, NODE, SledCache, Upstream, bench_runtime, kubelet_get, kubelet_request,
-    median, node_pods_path, percentile, plain_client, pod_path, seed_pods, threads_cpu,
+    Fetched, HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
+    kubelet_request, median, micros, node_pods_path, percentile, plain_client, pod_path, seed_pods,
+    threads_cpu,
 };
 use outpost_cache::{Gvr, Scope, SledStore, Store};
 use outpost_core::selector::{FieldSelector, LabelSelector};
@@ -62,8 +63,6 @@ const OFFLINE_HUB: &str = "hub-offline";
 const BARE: &str = "bare-server";
 const HUB_ON: &str = "hub-cache-on";
 const HUB_OFF: &str = "hub-cache-off";
-/// The hub's cache writer thread and sled's own threads.
-const CACHE_THREADS: &[&str] = &["outpost-cache-w", "sled-io", "log flusher"];
 
 /// Timed offline LISTs for the percentiles, after untimed warm-up ones.
 const LIST_SAMPLES: usize = 2_000;
@@ -196,10 +195,6 @@ impl Drop for BareServer {
             let _ = thread.join();
         }
     }
-}
-
-fn micros(d: Duration) -> String {
-    format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
 fn offline_reads(c: &mut Criterion) {
@@ -580,14 +575,14 @@ impl WatchBench {
             Mode::Live => {
                 let body = self.open_watch(leg, from_rv);
                 let reader = self.rt.spawn(read_events(body, WATCH_EVENTS));
-                let cpu = (threads_cpu(leg.threads), cache_cpu());
+                let cpu = (threads_cpu(leg.threads), cache_threads_cpu());
                 let started = Instant::now();
                 produce();
                 (started, Some(started.elapsed()), reader, cpu)
             }
             Mode::Backlog => {
                 produce();
-                let cpu = (threads_cpu(leg.threads), cache_cpu());
+                let cpu = (threads_cpu(leg.threads), cache_threads_cpu());
                 let started = Instant::now();
                 let body = self.open_watch(leg, from_rv);
                 let reader = self.rt.spawn(read_events(body, WATCH_EVENTS));
@@ -617,7 +612,7 @@ impl WatchBench {
                 std::thread::sleep(Duration::from_millis(2));
             }
         });
-        let cache_cpu = cache_cpu().saturating_sub(cpu.1);
+        let cache_cpu = cache_threads_cpu().saturating_sub(cpu.1);
         if let Some(cache) = &mut leg.cache {
             cache.sent += WATCH_EVENTS as u64;
             // The store holds the last event a moment before the writer counts it (after the
@@ -643,10 +638,6 @@ impl WatchBench {
             cached,
         }
     }
-}
-
-fn cache_cpu() -> Duration {
-    CACHE_THREADS.iter().map(|name| threads_cpu(name)).sum()
 }
 
 fn events_per_s(d: Duration) -> f64 {

@@ -355,6 +355,19 @@ pub fn pod_path(pod: &Value) -> String {
     )
 }
 
+/// The edge hub's cache writer thread and sled's own threads (names as Linux keeps them).
+pub const CACHE_THREADS: &[&str] = &["outpost-cache-w", "sled-io", "log flusher"];
+
+/// CPU used so far by the cache writer and sled's threads ([`CACHE_THREADS`]).
+pub fn cache_threads_cpu() -> Duration {
+    CACHE_THREADS.iter().map(|name| threads_cpu(name)).sum()
+}
+
+/// A duration as whole microseconds, for printed reports.
+pub fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
 /// CPU time (user + system) used so far by this process's live threads whose name starts with
 /// `prefix`: the scheduler's nanosecond count (`/proc/self/task/*/schedstat`), else `stat`'s
 /// clock ticks (USER_HZ = 100). Linux only; zero elsewhere. Threads that have ended are not

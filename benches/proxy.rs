@@ -36,8 +36,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_benches::nginx::Nginx;
 use outpost_benches::{
-    HubThread, SledCache, Upstream, bench_runtime, kubelet_get, node_pods_path, percentile,
-    plain_client, seed_pods, threads_cpu,
+    HubThread, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get, micros,
+    node_pods_path, percentile, plain_client, seed_pods, threads_cpu,
 };
 use outpost_testkit::FakeConfig;
 
@@ -48,8 +48,6 @@ const HUB_WORKERS: usize = 1;
 /// Thread names (Linux keeps 15 bytes), for per-thread CPU accounting.
 const HUB_CLOUD: &str = "hub-cloud";
 const HUB_EDGE: &str = "hub-edge";
-/// The edge hub's cache writer thread and sled's own threads.
-const CACHE_THREADS: &[&str] = &["outpost-cache-w", "sled-io", "log flusher"];
 
 /// Small-GET percentiles: untimed warm-up per leg, then blocks of sequential requests, one block
 /// per leg in turn.
@@ -105,15 +103,6 @@ impl Leg {
         );
         resp.body.len()
     }
-}
-
-fn micros(d: Duration) -> String {
-    format!("{:.0} µs", d.as_secs_f64() * 1e6)
-}
-
-/// CPU used so far by the edge hub's cache writer and sled's threads.
-fn cache_threads_cpu() -> Duration {
-    CACHE_THREADS.iter().map(|t| threads_cpu(t)).sum()
 }
 
 /// `outpost_cache_writes_total` by op (every outcome) and `outpost_cache_dropped_total` by op.
