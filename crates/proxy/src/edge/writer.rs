@@ -403,10 +403,14 @@ fn apply_list(
         let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
         store.replace_scope(scope, &list.metadata.resource_version, &item_refs)
     };
-    if let Err(CacheError::InvalidObject(reason)) = replace(KindCheck::UpToMetadata) {
-        // Possibly a `kind` after `metadata` that the short read missed; read the items whole.
-        debug!(reason, "list items read again in whole");
-        replace(KindCheck::Whole)?;
+    match replace(KindCheck::UpToMetadata) {
+        Ok(_) => {}
+        Err(CacheError::InvalidObject(reason)) => {
+            // Possibly a `kind` after `metadata` that the short read missed; read them whole.
+            debug!(reason, "list items read again in whole");
+            replace(KindCheck::Whole)?;
+        }
+        Err(e) => return Err(e.into()),
     }
     remember_kind(store, &scope.gvr, kind, kinds)?;
     Ok("replaced")
