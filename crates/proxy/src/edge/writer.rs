@@ -171,25 +171,17 @@ fn run(
 ) {
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
     let mut next = None;
-    while let Some(op) = next.take().or_else(|| rx.recv().ok()) {
+    while let Some(mut op) = next.take().or_else(|| rx.recv().ok()) {
         let mut ops = 1;
-        match op {
-            CacheOp::Events { scope, lines } => {
-                let gathered = gather_events(rx, &scope, lines);
-                ops += gathered.more_ops;
-                next = gathered.next;
-                for group in groups(&gathered.lines) {
-                    for outcome in apply_events(store, &scope, group) {
-                        record(metrics, "event", outcome);
-                    }
-                }
-            }
-            op => {
-                let label = op.label();
-                for outcome in apply(store, op, &mut known_kinds) {
-                    record(metrics, label, outcome);
-                }
-            }
+        if let CacheOp::Events { scope, lines } = &mut op {
+            let gathered = gather_events(rx, scope, std::mem::take(lines));
+            *lines = gathered.lines;
+            ops += gathered.more_ops;
+            next = gathered.next;
+        }
+        let label = op.label();
+        for outcome in apply(store, op, &mut known_kinds) {
+            record(metrics, label, outcome);
         }
         progress.applied.fetch_add(ops, Ordering::AcqRel);
         metrics
@@ -456,20 +448,19 @@ fn apply_events(store: &dyn Store, scope: &Scope, lines: &[Bytes]) -> Vec<Applie
             Line::Done(_) => None,
         })
         .collect();
-    let stored: Vec<Option<Result<WriteOutcome, CacheError>>> =
-        match store.apply_events(scope, &events) {
-            Ok(outcomes) => outcomes.into_iter().map(Some).collect(),
-            Err(e) => {
-                warn!(events = events.len(), error = %e, "cache write of watch events failed");
-                (0..events.len()).map(|_| None).collect()
-            }
-        };
-    let mut stored = stored.into_iter();
+    // One warning for a failed group rather than one per event; each still counts as "error".
+    let mut stored = match store.apply_events(scope, &events) {
+        Ok(outcomes) => Some(outcomes.into_iter()),
+        Err(e) => {
+            warn!(events = events.len(), error = %e, "cache write of watch events failed");
+            None
+        }
+    };
     lines
         .into_iter()
         .map(|line| match line {
             Line::Done(applied) => applied,
-            Line::ToStore(..) => match stored.next().flatten() {
+            Line::ToStore(..) => match stored.as_mut().and_then(Iterator::next) {
                 Some(outcome) => Ok(outcome_label(&outcome?)),
                 None => Ok("error"),
             },
