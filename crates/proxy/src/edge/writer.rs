@@ -50,29 +50,36 @@ pub enum CacheOp {
 /// A whole body as it arrived, chunk by chunk: the tee hands the chunks over uncopied and the
 /// writer joins them, off the request path.
 #[derive(Debug, Default)]
-pub struct Chunks(Vec<Bytes>);
+pub struct Chunks {
+    pieces: Vec<Bytes>,
+    /// Their total length, kept as they arrive: the tee checks it on every chunk.
+    len: usize,
+}
 
 impl Chunks {
     pub fn push(&mut self, chunk: Bytes) {
-        self.0.push(chunk);
+        self.len += chunk.len();
+        self.pieces.push(chunk);
     }
 
     pub fn byte_len(&self) -> usize {
-        self.0.iter().map(Bytes::len).sum()
+        self.len
     }
 
     /// The body in one piece (no copy when it arrived in one).
     fn joined(self) -> Bytes {
-        match <[Bytes; 1]>::try_from(self.0) {
+        match <[Bytes; 1]>::try_from(self.pieces) {
             Ok([one]) => one,
-            Err(chunks) => chunks.concat().into(),
+            Err(pieces) => pieces.concat().into(),
         }
     }
 }
 
 impl From<Bytes> for Chunks {
     fn from(body: Bytes) -> Chunks {
-        Chunks(vec![body])
+        let mut chunks = Chunks::default();
+        chunks.push(body);
+        chunks
     }
 }
 
