@@ -29,26 +29,24 @@ pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
 }
 
 /// The next newline-terminated line of a streamed body (a watch event), skipping blank lines;
-/// `None` at the body's end. `buf` keeps what has arrived beyond the line; the call is
+/// `None` at the body's end. `framer` keeps what has arrived beyond the line; the call is
 /// cancel-safe.
 pub async fn next_line(
     body: &mut hyper::body::Incoming,
-    buf: &mut bytes::BytesMut,
+    framer: &mut outpost_filter::LineFramer,
 ) -> Result<Option<Bytes>, hyper::Error> {
     loop {
-        if let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            let line = buf.split_to(end + 1).freeze();
-            if line.trim_ascii().is_empty() {
-                continue;
+        while let Some(line) = framer.next_line() {
+            if !line.trim_ascii().is_empty() {
+                return Ok(Some(line));
             }
-            return Ok(Some(line));
         }
         match body.frame().await {
             None => return Ok(None),
             Some(Err(e)) => return Err(e),
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    buf.extend_from_slice(data);
+                if let Ok(data) = frame.into_data() {
+                    framer.push(data);
                 }
             }
         }

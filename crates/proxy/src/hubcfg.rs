@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::StatusCode;
 use outpost_cache::Store;
+use outpost_filter::LineFramer;
 use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -174,8 +175,8 @@ impl ConfigWatch {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
-        let mut buf = BytesMut::new();
-        while let Some(line) = OWN.next_line(&mut body, &mut buf).await? {
+        let mut framer = LineFramer::new();
+        while let Some(line) = OWN.next_line(&mut body, &mut framer).await? {
             let event: WatchEvent = serde_json::from_slice(&line)
                 .map_err(|e| bad_reply(format!("watch event: {e}")))?;
             match event.event_type.as_str() {

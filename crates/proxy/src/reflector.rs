@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use outpost_cache::Store;
+use outpost_filter::LineFramer;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::watch;
@@ -180,11 +181,11 @@ impl<H: Handler> Reflector<H> {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
-        let mut buf = BytesMut::new();
+        let mut framer = LineFramer::new();
         let mut save_at: Option<Instant> = None;
         loop {
             let line = tokio::select! {
-                line = OWN.next_line(&mut body, &mut buf) => line,
+                line = OWN.next_line(&mut body, &mut framer) => line,
                 _ = sleep_until(save_at) => {
                     save_at = None;
                     self.save().await;
@@ -409,9 +410,9 @@ impl OwnGets {
     pub(crate) async fn next_line(
         self,
         body: &mut hyper::body::Incoming,
-        buf: &mut BytesMut,
+        framer: &mut LineFramer,
     ) -> Result<Option<Bytes>, ProxyError> {
-        body::next_line(body, buf)
+        body::next_line(body, framer)
             .await
             .map_err(|e| self.bad_reply(e.to_string()))
     }
