@@ -51,7 +51,10 @@ pub(crate) struct Identity {
 fn head(bytes: &[u8]) -> Result<HeadMeta, CacheError> {
     let head: Head = serde_json::from_slice(bytes)
         .map_err(|e| CacheError::InvalidObject(format!("not a JSON object: {e}")))?;
-    let m = head.metadata;
+    checked_lengths(head.metadata)
+}
+
+fn checked_lengths(m: HeadMeta) -> Result<HeadMeta, CacheError> {
     if m.resource_version.len() > MAX_META_LEN || m.uid.len() > MAX_META_LEN {
         return Err(CacheError::InvalidObject(
             "oversized resourceVersion or uid".into(),
@@ -60,8 +63,12 @@ fn head(bytes: &[u8]) -> Result<HeadMeta, CacheError> {
     Ok(m)
 }
 
+/// Reads and validates the whole object.
 pub(crate) fn identity(bytes: &[u8]) -> Result<Identity, CacheError> {
-    let m = head(bytes)?;
+    identity_of(head(bytes)?)
+}
+
+fn identity_of(m: HeadMeta) -> Result<Identity, CacheError> {
     if m.name.is_empty() {
         return Err(CacheError::InvalidObject("metadata.name is missing".into()));
     }
@@ -71,6 +78,122 @@ pub(crate) fn identity(bytes: &[u8]) -> Result<Identity, CacheError> {
         rv: ResourceVersion::new(&m.resource_version),
         uid: m.uid,
     })
+}
+
+/// The identity an object would be stored under, read only as deep as that needs: the read stops
+/// once `name`, `namespace`, `uid` and `resourceVersion` are all known (kube-apiserver writes
+/// them first in `metadata`) or at the end of `metadata`. Nothing after that point is looked at,
+/// so this says where an object goes, not whether it may be stored: [`identity`] decides that.
+/// A relist of unchanged objects needs only this and a byte comparison with what is stored.
+pub(crate) fn identity_prefix(bytes: &[u8]) -> Result<Identity, CacheError> {
+    let mut found = Prefix::default();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let read = de.deserialize_map(TopLevel(&mut found));
+    if !found.metadata_read {
+        return Err(CacheError::InvalidObject(match read {
+            Err(e) => format!("not a JSON object: {e}"),
+            Ok(()) => "metadata.name is missing".into(),
+        }));
+    }
+    identity_of(checked_lengths(found.meta)?)
+}
+
+/// What [`identity_prefix`] has read so far.
+#[derive(Default)]
+struct Prefix {
+    meta: HeadMeta,
+    /// Which of the four identity fields were seen (one bit each).
+    seen: u8,
+    metadata_read: bool,
+}
+
+const ALL_IDENTITY_FIELDS: u8 = 0b1111;
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum MetaKey {
+    Name,
+    Namespace,
+    Uid,
+    ResourceVersion,
+    #[serde(other)]
+    Other,
+}
+
+/// serde has no early return: a visitor that has what it needs stops the read with this error.
+fn stop<E: serde::de::Error>() -> E {
+    E::custom("identity read")
+}
+
+struct TopLevel<'p>(&'p mut Prefix);
+
+impl<'de> Visitor<'de> for TopLevel<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<TopKey>()? {
+            if key == TopKey::Metadata {
+                map.next_value_seed(MetaFields(&mut *self.0))?;
+                self.0.metadata_read = true;
+                return Err(stop());
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize, PartialEq)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum TopKey {
+    Metadata,
+    #[serde(other)]
+    Other,
+}
+
+struct MetaFields<'p>(&'p mut Prefix);
+
+impl<'de> DeserializeSeed<'de> for MetaFields<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetaFields<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object's metadata")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let found = self.0;
+        while let Some(key) = map.next_key::<MetaKey>()? {
+            let (slot, bit) = match key {
+                MetaKey::Name => (&mut found.meta.name, 0b0001),
+                MetaKey::Namespace => (&mut found.meta.namespace, 0b0010),
+                MetaKey::Uid => (&mut found.meta.uid, 0b0100),
+                MetaKey::ResourceVersion => (&mut found.meta.resource_version, 0b1000),
+                MetaKey::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = map.next_value()?;
+            found.seen |= bit;
+            if found.seen == ALL_IDENTITY_FIELDS {
+                found.metadata_read = true;
+                return Err(stop());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A BOOKMARK carries only `metadata.resourceVersion`.
@@ -255,6 +378,48 @@ mod tests {
             "two kinds: malformed"
         );
         assert!(identity(br#"{"kind":"Pod","metadata":{"name":"n1"}}"#).is_ok());
+    }
+
+    #[test]
+    fn identity_prefix_stops_once_it_knows_where_the_object_goes() {
+        let id = identity_prefix(
+            br#"{"kind":"Pod","metadata":{"name":"p","namespace":"a","uid":"u",
+                "resourceVersion":"7"},"spec":{"nodeName": BROKEN"#,
+        )
+        .expect("the identity comes before the damage");
+        assert_eq!((id.namespace.as_str(), id.name.as_str()), ("a", "p"));
+        assert_eq!((id.uid.as_str(), id.rv.as_str()), ("u", "7"));
+        let cluster_scoped =
+            br#"{"metadata":{"uid":"u","name":"n1","labels":{"x":"y"}},"spec":{}}"#;
+        let id = identity_prefix(cluster_scoped).expect("valid");
+        assert_eq!(id, identity(cluster_scoped).expect("valid"));
+        assert!(identity_prefix(br#"{"metadata":{"namespace":"a"}}"#).is_err());
+        assert!(identity_prefix(br#"{"spec":{}}"#).is_err());
+        assert!(identity_prefix(br#"{"metadata":{"name":"n1","uid":"#).is_err());
+        assert!(identity_prefix(b"[1,2]").is_err());
+        assert!(identity_prefix(br#"{"metadata":{"name":7}}"#).is_err());
+    }
+
+    #[test]
+    fn identity_prefix_agrees_with_the_whole_read_of_real_objects() {
+        #[derive(Deserialize)]
+        struct RawItems<'a> {
+            #[serde(borrow)]
+            items: Vec<&'a serde_json::value::RawValue>,
+        }
+        let fixture = include_str!("../../testkit/fixtures/kube-system-pods.json");
+        let list: RawItems<'_> = serde_json::from_str(fixture).expect("fixture");
+        assert!(list.items.len() >= 8);
+        for raw in list.items {
+            // kube-apiserver's own key order (the fixture's), and sorted (serde_json::Value's).
+            let real_order = raw.get().as_bytes();
+            let value: Value = serde_json::from_slice(real_order).expect("a pod");
+            let sorted = value.to_string();
+            for bytes in [real_order, sorted.as_bytes()] {
+                let whole = identity(bytes).expect("a real pod");
+                assert_eq!(identity_prefix(bytes).expect("a real pod"), whole);
+            }
+        }
     }
 
     #[test]

@@ -455,6 +455,49 @@ fn invalid_input_changes_nothing(store: &dyn Store) {
     );
 }
 
+/// A relist reads only the identity of objects it already holds byte for byte; everything it
+/// writes, or keeps as the newer version, it reads whole, so damage past `metadata` still fails.
+fn a_relist_reads_whole_every_object_it_does_not_hold(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), Some("a"), "", "");
+    let p1 = pod("a", "p1", "10", "n1", &[]);
+    store
+        .replace_scope(&s, "10", &refs(std::slice::from_ref(&p1)))
+        .expect("replace");
+    let identity = |name: &str, rv: &str| {
+        format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"a","uid":"u-{name}","resourceVersion":"{rv}"}}"#
+        )
+    };
+    let broken_tail = format!(r#"{},"spec":{{"nodeName":}}"#, identity("p2", "11"));
+    let second_metadata = format!(r#"{},"metadata":{{"name":"p9"}}}}"#, identity("p2", "11"));
+    let stale_and_broken = format!(r#"{},"spec":tru}}"#, identity("p1", "9"));
+    for bad in [broken_tail, second_metadata, stale_and_broken] {
+        let items = [p1.clone(), bad.clone().into_bytes()];
+        let err = store
+            .replace_scope(&s, "11", &refs(&items))
+            .expect_err(&bad);
+        assert!(err.to_string().contains("list item 1"), "{err}");
+        assert!(
+            store
+                .put_object("kubelet", &pods(), bad.as_bytes())
+                .is_err(),
+            "{bad}"
+        );
+    }
+    assert_eq!(names(store, &s), ["p1"]);
+    assert_eq!(found(store, &key("a", "p1")), Some("10".into()));
+    let rv = store
+        .scope_resource_version(&s)
+        .expect("rv")
+        .expect("known");
+    assert_eq!(rv.as_str(), "10");
+    let outcome = store
+        .replace_scope(&s, "12", &refs(&[p1, pod("a", "p2", "11", "n1", &[])]))
+        .expect("a relist of sound objects");
+    assert_eq!(outcome.stored, 2);
+    assert_eq!(names(store, &s), ["p1", "p2"]);
+}
+
 fn events_for_an_unlisted_scope_only_refresh_cached_objects(store: &dyn Store) {
     let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
     let outcome = store
@@ -810,6 +853,7 @@ suite!(
     components_only_see_what_they_cached,
     cluster_scoped_and_custom_resources_need_nothing_special,
     invalid_input_changes_nothing,
+    a_relist_reads_whole_every_object_it_does_not_hold,
     events_for_an_unlisted_scope_only_refresh_cached_objects,
     replays_from_a_broader_scope_are_filtered_like_the_list,
     delete_object_forgets_it_everywhere,

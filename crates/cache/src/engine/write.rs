@@ -79,23 +79,20 @@ impl<'a, K: Kv> Planner<'a, K> {
     }
 
     /// Writes the object unless a newer version, or these very bytes, are stored (a relist of
-    /// unchanged objects rewrites none of them). Reads the stored record once.
-    fn upsert(
-        &mut self,
-        key: &ObjectKey,
-        id: &Identity,
-        bytes: &[u8],
-    ) -> Result<Upsert, CacheError> {
+    /// unchanged objects rewrites none of them). Reads the stored record once. An object read
+    /// only for its identity is read whole here, unless the store already holds these very
+    /// bytes (they were read whole when they were written).
+    fn upsert(&mut self, key: &ObjectKey, object: &Incoming<'_>) -> Result<Upsert, CacheError> {
+        let (id, bytes) = (&object.id, object.bytes);
         let stored = self
             .get(&keys::object_key(OBJECT, key))?
             .and_then(|raw| record::decode_object(&raw).ok());
-        if let Some(stored) = stored {
-            if id.rv.is_older_than(&stored.resource_version) {
-                return Ok(Upsert::KeptNewer(stored.resource_version));
-            }
-            if same_version(&stored, id, bytes) {
-                return Ok(Upsert::AlreadyStored);
-            }
+        if stored.as_ref().is_some_and(|s| same_version(s, id, bytes)) {
+            return Ok(Upsert::AlreadyStored);
+        }
+        object.read_whole()?;
+        if let Some(stored) = stored.filter(|s| id.rv.is_older_than(&s.resource_version)) {
+            return Ok(Upsert::KeptNewer(stored.resource_version));
         }
         let value = record::encode_object(id.rv.as_str(), &id.uid, bytes, self.now_ms);
         self.batch.put(keys::object_key(OBJECT, key), value);
@@ -251,20 +248,65 @@ fn object_key(scope: &Scope, id: &Identity) -> ObjectKey {
     ObjectKey::new(&scope.component, &scope.gvr, &id.namespace, &id.name)
 }
 
-fn parse_items<'b>(
-    scope: &Scope,
-    items: &[&'b [u8]],
-) -> Result<Vec<(Identity, &'b [u8])>, CacheError> {
+/// An object on its way into the store, and how much of it has been read.
+struct Incoming<'b> {
+    id: Identity,
+    bytes: &'b [u8],
+    read_whole: bool,
+}
+
+impl<'b> Incoming<'b> {
+    /// Reads (and so validates) the whole object.
+    fn whole(bytes: &'b [u8]) -> Result<Self, CacheError> {
+        Ok(Incoming {
+            id: json::identity(bytes)?,
+            bytes,
+            read_whole: true,
+        })
+    }
+
+    /// Reads only the identity; [`Planner::upsert`] reads the rest if it has to write it.
+    fn located(bytes: &'b [u8]) -> Result<Self, CacheError> {
+        Ok(Incoming {
+            id: json::identity_prefix(bytes)?,
+            bytes,
+            read_whole: false,
+        })
+    }
+
+    /// Validates what [`Incoming::located`] skipped; the whole object must name the same
+    /// identity (it would not if `metadata` or one of its keys came twice).
+    fn read_whole(&self) -> Result<(), CacheError> {
+        if self.read_whole || json::identity(self.bytes)? == self.id {
+            return Ok(());
+        }
+        Err(CacheError::InvalidObject(
+            "metadata reads differently in whole".into(),
+        ))
+    }
+}
+
+/// Each item's identity only: a relist mostly repeats objects the store holds byte for byte,
+/// and those need no second look. The others are read whole before they are written.
+fn locate_items<'b>(scope: &Scope, items: &[&'b [u8]]) -> Result<Vec<Incoming<'b>>, CacheError> {
     items
         .iter()
         .enumerate()
         .map(|(i, bytes)| {
-            let id = json::identity(bytes)
-                .map_err(|e| CacheError::InvalidObject(format!("list item {i}: {e}")))?;
-            check_namespace(scope, &id)?;
-            Ok((id, *bytes))
+            let item = Incoming::located(bytes).map_err(|e| in_list_item(i, e))?;
+            check_namespace(scope, &item.id)?;
+            Ok(item)
         })
         .collect()
+}
+
+fn in_list_item(i: usize, e: CacheError) -> CacheError {
+    match e {
+        CacheError::InvalidObject(reason) => {
+            CacheError::InvalidObject(format!("list item {i}: {reason}"))
+        }
+        other => other,
+    }
 }
 
 impl<K: Kv> Engine<K> {
@@ -274,7 +316,7 @@ impl<K: Kv> Engine<K> {
         list_rv: &str,
         items: &[&[u8]],
     ) -> Result<ReplaceOutcome, CacheError> {
-        let parsed = parse_items(scope, items)?;
+        let located = locate_items(scope, items)?;
         let id = scope.id();
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
@@ -282,9 +324,9 @@ impl<K: Kv> Engine<K> {
             let old_members = p.members(&id)?;
             let mut outcome = ReplaceOutcome::default();
             let mut new_members = BTreeSet::new();
-            for (item, bytes) in &parsed {
-                let key = object_key(scope, item);
-                match p.upsert(&key, item, bytes)? {
+            for (i, item) in located.iter().enumerate() {
+                let key = object_key(scope, &item.id);
+                match p.upsert(&key, item).map_err(|e| in_list_item(i, e))? {
                     Upsert::Written | Upsert::AlreadyStored => outcome.stored += 1,
                     Upsert::KeptNewer(_) => outcome.kept_newer += 1,
                 }
@@ -331,9 +373,9 @@ impl<K: Kv> Engine<K> {
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
             let mut outcomes = Vec::with_capacity(events.len());
-            for ((event_type, bytes), parsed) in events.iter().zip(parsed) {
+            for ((event_type, _), parsed) in events.iter().zip(parsed) {
                 outcomes.push(match parsed {
-                    Ok(parsed) => plan_event(&mut p, scope, &id, *event_type, bytes, parsed),
+                    Ok(parsed) => plan_event(&mut p, scope, &id, *event_type, parsed),
                     Err(e) => Err(e),
                 });
             }
@@ -347,11 +389,11 @@ impl<K: Kv> Engine<K> {
         gvr: &Gvr,
         bytes: &[u8],
     ) -> Result<WriteOutcome, CacheError> {
-        let item = json::identity(bytes)?;
-        let key = ObjectKey::new(component, gvr, &item.namespace, &item.name);
+        let item = Incoming::located(bytes)?;
+        let key = ObjectKey::new(component, gvr, &item.id.namespace, &item.id.name);
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
-            let outcome = match p.upsert(&key, &item, bytes)? {
+            let outcome = match p.upsert(&key, &item)? {
                 // A repeated GET of an unchanged object: nothing to write, not even the pin.
                 Upsert::AlreadyStored if p.is_pinned(&key)? => {
                     return Ok((p.batch, WriteOutcome::Unchanged));
@@ -393,15 +435,14 @@ fn same_version(stored: &crate::CachedObject, id: &Identity, bytes: &[u8]) -> bo
 fn plan_upsert<K: Kv>(
     p: &mut Planner<'_, K>,
     key: &ObjectKey,
-    item: &Identity,
-    bytes: &[u8],
+    item: &Incoming<'_>,
     scope: &ScopeId,
     scope_known: bool,
 ) -> Result<WriteOutcome, CacheError> {
     if !scope_known && p.stored_rv(key)?.is_none() {
         return Ok(WriteOutcome::ScopeUnknown);
     }
-    let outcome = match p.upsert(key, item, bytes)? {
+    let outcome = match p.upsert(key, item)? {
         Upsert::Written | Upsert::AlreadyStored => WriteOutcome::Stored,
         Upsert::KeptNewer(stored) => WriteOutcome::KeptNewer { stored },
     };
@@ -441,18 +482,22 @@ fn plan_delete<K: Kv>(
     }
 }
 
-/// What an event carries, read before the write lock is taken.
-enum Parsed {
-    Object(Identity),
+/// What an event carries, read (whole: every event is logged) before the write lock is taken.
+enum Parsed<'b> {
+    Object(Incoming<'b>),
     Bookmark(ResourceVersion),
 }
 
-fn parse_event(scope: &Scope, event_type: EventType, bytes: &[u8]) -> Result<Parsed, CacheError> {
+fn parse_event<'b>(
+    scope: &Scope,
+    event_type: EventType,
+    bytes: &'b [u8],
+) -> Result<Parsed<'b>, CacheError> {
     if event_type == EventType::Bookmark {
         return json::bookmark_rv(bytes).map(Parsed::Bookmark);
     }
-    let item = json::identity(bytes)?;
-    check_namespace(scope, &item)?;
+    let item = Incoming::whole(bytes)?;
+    check_namespace(scope, &item.id)?;
     Ok(Parsed::Object(item))
 }
 
@@ -462,8 +507,7 @@ fn plan_event<K: Kv>(
     scope: &Scope,
     id: &ScopeId,
     event_type: EventType,
-    bytes: &[u8],
-    parsed: Parsed,
+    parsed: Parsed<'_>,
 ) -> Result<WriteOutcome, CacheError> {
     let meta = p.scope_meta(id)?;
     let item = match parsed {
@@ -477,14 +521,14 @@ fn plan_event<K: Kv>(
         }
         Parsed::Object(item) => item,
     };
-    let key = object_key(scope, &item);
+    let key = object_key(scope, &item.id);
     let outcome = match event_type {
-        EventType::Deleted => plan_delete(p, &key, &item, id, meta.is_some())?,
-        _ => plan_upsert(p, &key, &item, bytes, id, meta.is_some())?,
+        EventType::Deleted => plan_delete(p, &key, &item.id, id, meta.is_some())?,
+        _ => plan_upsert(p, &key, &item, id, meta.is_some())?,
     };
     if let Some(mut meta) = meta {
-        advance(&mut meta, &item.rv, p.now_ms);
-        p.log_event(id, &mut meta, event_type, &item.rv, bytes)?;
+        advance(&mut meta, &item.id.rv, p.now_ms);
+        p.log_event(id, &mut meta, event_type, &item.id.rv, item.bytes)?;
         p.put_scope(id, &meta);
     }
     Ok(outcome)
