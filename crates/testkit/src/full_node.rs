@@ -37,7 +37,7 @@ pub fn pod(shape: &Value, i: usize, node: &str) -> Value {
         "creationTimestamp",
         "generateName",
     ] {
-        meta.remove(field);
+        meta.shift_remove(field);
     }
     meta.insert("name".into(), format!("{base}-{i}").into());
     meta.insert("namespace".into(), app_ns(i).into());

@@ -376,8 +376,8 @@ pub fn delete_collection(
 
 fn untyped(mut v: Value) -> Value {
     if let Some(m) = v.as_object_mut() {
-        m.remove("kind");
-        m.remove("apiVersion");
+        m.shift_remove("kind");
+        m.shift_remove("apiVersion");
     }
     v
 }

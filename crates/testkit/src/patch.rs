@@ -108,7 +108,7 @@ fn strategic_merge(doc: &mut Value, patch: &Value) {
         }
         match value {
             Value::Null => {
-                target.remove(key);
+                target.shift_remove(key);
             }
             Value::Object(_) => {
                 strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value)

@@ -26,8 +26,16 @@ pub enum Origin {
 pub fn typed(def: &ResourceDef, obj: &Value) -> Value {
     let mut out = obj.clone();
     if let Some(map) = out.as_object_mut() {
-        map.insert("kind".into(), def.kind.into());
-        map.insert("apiVersion".into(), def.api_version().into());
+        if def.builtin {
+            // First, where kube-apiserver writes them.
+            map.shift_insert(0, "kind".into(), def.kind.into());
+            map.shift_insert(1, "apiVersion".into(), def.api_version().into());
+        } else {
+            // A custom resource is an unstructured map: its keys come out sorted.
+            map.insert("kind".into(), def.kind.into());
+            map.insert("apiVersion".into(), def.api_version().into());
+            map.sort_keys();
+        }
     }
     out
 }
@@ -35,8 +43,8 @@ pub fn typed(def: &ResourceDef, obj: &Value) -> Value {
 /// Strips `kind` / `apiVersion` for storage (lists must not carry them per item).
 fn untyped(mut obj: Value) -> Value {
     if let Some(map) = obj.as_object_mut() {
-        map.remove("kind");
-        map.remove("apiVersion");
+        map.shift_remove("kind");
+        map.shift_remove("apiVersion");
     }
     obj
 }
@@ -100,7 +108,7 @@ fn check_body(def: &ResourceDef, namespace: Option<&str>, obj: &mut Value) -> Re
     let body_ns = meta_str(obj, "namespace").to_owned();
     let meta = metadata_mut(obj);
     if !def.namespaced {
-        meta.remove("namespace");
+        meta.shift_remove("namespace");
         return Ok(());
     }
     let url_ns = namespace.unwrap_or("");
@@ -141,7 +149,7 @@ fn prepare_create(def: &ResourceDef, obj: &mut Value, origin: Origin) {
     meta.insert("uid".into(), util::new_uid().into());
     meta.insert("creationTimestamp".into(), util::now_rfc3339().into());
     for field in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
-        meta.remove(field);
+        meta.shift_remove(field);
     }
     if def.generation {
         meta.insert("generation".into(), 1.into());
@@ -152,7 +160,7 @@ fn prepare_create(def: &ResourceDef, obj: &mut Value, origin: Origin) {
     match def.create_status {
         CreateStatus::Keep => {}
         CreateStatus::Clear => {
-            obj.as_object_mut().map(|m| m.remove("status"));
+            obj.as_object_mut().map(|m| m.shift_remove("status"));
         }
         CreateStatus::Pending => obj["status"] = json!({"phase": "Pending"}),
         CreateStatus::Active => obj["status"] = json!({"phase": "Active"}),
@@ -359,7 +367,7 @@ fn copy_field(from: &Value, to: &mut Value, field: &str) {
     };
     match from.get(field) {
         Some(v) => map.insert(field.into(), v.clone()),
-        None => map.remove(field),
+        None => map.shift_remove(field),
     };
 }
 
@@ -376,7 +384,7 @@ fn keep_system_metadata(cur: &Value, next: &mut Value) {
     ] {
         match old_meta.get(field) {
             Some(v) => meta.insert(field.into(), v.clone()),
-            None => meta.remove(field),
+            None => meta.shift_remove(field),
         };
     }
 }

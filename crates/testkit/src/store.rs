@@ -195,6 +195,7 @@ impl Store {
             Mutation::Noop => return Ok(prev),
             Mutation::Put(mut obj) => {
                 set_resource_version(&mut obj, next_rv);
+                in_apiserver_order(def, &mut obj);
                 let kind = if prev.is_some() {
                     EventType::Modified
                 } else {
@@ -233,7 +234,8 @@ impl Store {
     }
 
     /// Seeds an object as-is (keeping its resourceVersion), without an event.
-    pub fn insert_raw(&self, def: &'static ResourceDef, key: &str, obj: Value) {
+    pub fn insert_raw(&self, def: &'static ResourceDef, key: &str, mut obj: Value) {
+        in_apiserver_order(def, &mut obj);
         let mut inner = self.lock();
         let rv = resource_version_of(&obj).unwrap_or(0);
         inner.rv = inner.rv.max(rv);
@@ -287,6 +289,66 @@ fn collect_prefix(
 pub fn set_resource_version(obj: &mut Value, rv: u64) {
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert("resourceVersion".into(), rv.to_string().into());
+    }
+}
+
+/// `ObjectMeta`'s fields in the order of the Go struct, which is how they are encoded.
+const OBJECT_META_ORDER: &[&str] = &[
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+    "managedFields",
+];
+
+/// Keys in the order kube-apiserver writes them, whatever order the client sent: a built-in
+/// object is decoded into its Go struct and encoded field by field (`kind`, `apiVersion`,
+/// `metadata` with `name` first, `spec`, `status`); a custom resource is an unstructured map,
+/// which Go encodes with sorted keys at every level. What the hub reads first in an object
+/// (its kind, its identity) therefore comes where a real apiserver puts it.
+fn in_apiserver_order(def: &ResourceDef, obj: &mut Value) {
+    if !def.builtin {
+        sort_keys_deep(obj);
+        return;
+    }
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
+    put_first(map, &["kind", "apiVersion", "metadata", "spec", "status"]);
+    if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+        put_first(meta, OBJECT_META_ORDER);
+    }
+}
+
+/// Moves `keys` (those present) to the front, in that order; the others keep theirs.
+fn put_first(map: &mut serde_json::Map<String, Value>, keys: &[&str]) {
+    let mut at = 0;
+    for key in keys {
+        if let Some(value) = map.shift_remove(*key) {
+            map.shift_insert(at, (*key).to_owned(), value);
+            at += 1;
+        }
+    }
+}
+
+fn sort_keys_deep(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(sort_keys_deep);
+        }
+        Value::Array(items) => items.iter_mut().for_each(sort_keys_deep),
+        _ => {}
     }
 }
 
@@ -400,5 +462,53 @@ mod tests {
         let other = by_gvr("v1/secrets").unwrap();
         assert!(store.events_since(other, 0).is_err());
         assert!(store.events_since(other, 1).unwrap().0.is_empty());
+    }
+
+    #[test]
+    fn objects_keep_the_key_order_kube_apiserver_writes() {
+        let store = Store::new(8, 1);
+        let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+        let pods = by_gvr("v1/pods").unwrap();
+        let sorted_pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"annotations": {}, "labels": {"b": "1", "a": "2"}, "name": "p",
+                "namespace": "default", "uid": "u"},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}, "zzz": 1});
+        let pod = store
+            .mutate(pods, "default/p", |_, _| Ok(Mutation::Put(sorted_pod)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            keys(&pod),
+            ["kind", "apiVersion", "metadata", "spec", "status", "zzz"]
+        );
+        assert_eq!(
+            keys(&pod["metadata"]),
+            [
+                "name",
+                "namespace",
+                "uid",
+                "resourceVersion",
+                "labels",
+                "annotations"
+            ]
+        );
+        assert_eq!(
+            keys(&pod["metadata"]["labels"]),
+            ["b", "a"],
+            "maps keep the client's order"
+        );
+        let pools = by_gvr("apps.openyurt.io/v1beta1/nodepools").unwrap();
+        let pool = json!({"metadata": {"name": "p1", "labels": {"b": "1", "a": "2"}},
+            "spec": {"type": "Edge"}, "apiVersion": "apps.openyurt.io/v1beta1", "kind": "NodePool"});
+        let pool = store
+            .mutate(pools, "p1", |_, _| Ok(Mutation::Put(pool)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(keys(&pool), ["apiVersion", "kind", "metadata", "spec"]);
+        assert_eq!(
+            keys(&pool["metadata"]),
+            ["labels", "name", "resourceVersion"]
+        );
+        assert_eq!(keys(&pool["metadata"]["labels"]), ["a", "b"]);
     }
 }

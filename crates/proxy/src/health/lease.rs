@@ -127,7 +127,7 @@ impl LeaseRenewer {
         lease["spec"]["leaseDurationSeconds"] = json!(self.duration_seconds);
         lease["spec"]["renewTime"] = json!(micro_time(SystemTime::now()));
         if let Some(annotations) = lease["metadata"]["annotations"].as_object_mut() {
-            annotations.remove(DELEGATE_ANNOTATION);
+            annotations.shift_remove(DELEGATE_ANNOTATION);
         }
         lease
     }

@@ -273,7 +273,7 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
         }
         match value {
             Value::Null => {
-                target.remove(key);
+                target.shift_remove(key);
             }
             Value::Array(items) if MERGED_BY_TYPE.contains(&key.as_str()) => {
                 let list = target.entry(key.clone()).or_insert_with(|| json!([]));
