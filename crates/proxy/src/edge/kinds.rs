@@ -84,9 +84,25 @@ pub enum KindCheck {
     Whole,
 }
 
+/// `{"kind":…,"apiVersion":…` (no closing brace), spelled once per list for
+/// [`with_type_meta`]; nothing when the kind is unknown.
+pub struct TypeMetaHead(Option<Vec<u8>>);
+
+impl TypeMetaHead {
+    pub fn of(kind: &KindInfo) -> TypeMetaHead {
+        if kind.kind.is_empty() {
+            return TypeMetaHead(None);
+        }
+        let head = serde_json::json!({"kind": kind.kind, "apiVersion": kind.api_version});
+        let mut head = head.to_string().into_bytes();
+        head.pop();
+        TypeMetaHead(Some(head))
+    }
+}
+
 /// The object with `kind` and `apiVersion` first, as a GET would return it. List items of
 /// built-in types lack both; they are spliced in as text, the rest of the bytes untouched.
-pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo, check: KindCheck) -> Cow<'a, [u8]> {
+pub fn with_type_meta<'a>(item: &'a [u8], head: &TypeMetaHead, check: KindCheck) -> Cow<'a, [u8]> {
     let has_kind = match check {
         KindCheck::UpToMetadata => names_kind_before_metadata(item),
         KindCheck::Whole => serde_json::from_slice::<TypeMeta>(item)
@@ -96,12 +112,11 @@ pub fn with_type_meta<'a>(item: &'a [u8], kind: &KindInfo, check: KindCheck) -> 
     let Some(rest) = item.strip_prefix(b"{") else {
         return Cow::Borrowed(item);
     };
-    if has_kind || kind.kind.is_empty() {
+    let Some(head) = head.0.as_deref().filter(|_| !has_kind) else {
         return Cow::Borrowed(item);
-    }
-    let head = serde_json::json!({"kind": kind.kind, "apiVersion": kind.api_version}).to_string();
+    };
     let mut out = Vec::with_capacity(item.len() + head.len() + 1);
-    out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+    out.extend_from_slice(head);
     if !rest.trim_ascii_start().starts_with(b"}") {
         out.push(b',');
     }
@@ -156,10 +171,14 @@ mod tests {
         KindInfo::from_list("PodList", "v1").unwrap()
     }
 
+    fn pod_head() -> TypeMetaHead {
+        TypeMetaHead::of(&pod_kind())
+    }
+
     #[test]
     fn list_items_get_their_type_meta() {
         let item = br#"{"metadata":{"name":"p","namespace":"d"},"spec":{}}"#;
-        let out = with_type_meta(item, &pod_kind(), KindCheck::UpToMetadata);
+        let out = with_type_meta(item, &pod_head(), KindCheck::UpToMetadata);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["kind"], "Pod");
         assert_eq!(v["apiVersion"], "v1");
@@ -171,10 +190,16 @@ mod tests {
     fn objects_with_a_kind_are_untouched() {
         let item = br#"{"kind":"Widget","apiVersion":"x.io/v1","metadata":{"name":"w"}}"#;
         assert!(matches!(
-            with_type_meta(item, &pod_kind(), KindCheck::UpToMetadata),
+            with_type_meta(item, &pod_head(), KindCheck::UpToMetadata),
             Cow::Borrowed(_)
         ));
-        let empty = with_type_meta(b"{}", &pod_kind(), KindCheck::UpToMetadata);
+        let unknown = TypeMetaHead::of(&KindInfo::fallback(&Gvr::new("", "v1", "pods")));
+        let item = br#"{"metadata":{"name":"p"}}"#;
+        assert!(matches!(
+            with_type_meta(item, &unknown, KindCheck::Whole),
+            Cow::Borrowed(_)
+        ));
+        let empty = with_type_meta(b"{}", &pod_head(), KindCheck::UpToMetadata);
         let v: Value = serde_json::from_slice(&empty).unwrap();
         assert_eq!(v["kind"], "Pod");
     }
@@ -186,22 +211,22 @@ mod tests {
         let late = br#"{"metadata":{"name":"w"},"kind":"Widget"}"#;
         for (item, spliced) in [(&typed[..], true), (&unstructured[..], false)] {
             for check in [KindCheck::UpToMetadata, KindCheck::Whole] {
-                let out = with_type_meta(item, &pod_kind(), check);
+                let out = with_type_meta(item, &pod_head(), check);
                 assert_eq!(matches!(out, Cow::Owned(_)), spliced, "{check:?}");
             }
         }
         // Out of apiserver order: only the whole read sees the kind (the cache then rejects
         // the spliced copy for its two kinds, and the writer reads again in whole).
         assert!(matches!(
-            with_type_meta(late, &pod_kind(), KindCheck::UpToMetadata),
+            with_type_meta(late, &pod_head(), KindCheck::UpToMetadata),
             Cow::Owned(_)
         ));
         assert!(matches!(
-            with_type_meta(late, &pod_kind(), KindCheck::Whole),
+            with_type_meta(late, &pod_head(), KindCheck::Whole),
             Cow::Borrowed(_)
         ));
         assert!(matches!(
-            with_type_meta(b"not json", &pod_kind(), KindCheck::UpToMetadata),
+            with_type_meta(b"not json", &pod_head(), KindCheck::UpToMetadata),
             Cow::Borrowed(_)
         ));
     }

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tracing::{debug, warn};
 
-use super::kinds::{self, KindCheck, KindInfo};
+use super::kinds::{self, KindCheck, KindInfo, TypeMetaHead};
 use super::offline;
 use crate::metrics::Metrics;
 
@@ -394,10 +394,11 @@ fn apply_list(
         return Err(ApplyError::Invalid("list without resourceVersion".into()));
     }
     let raw_items = list.items.unwrap_or_default();
+    let head = TypeMetaHead::of(&kind);
     let replace = |check| {
         let items: Vec<_> = raw_items
             .iter()
-            .map(|raw| kinds::with_type_meta(raw.get().as_bytes(), &kind, check))
+            .map(|raw| kinds::with_type_meta(raw.get().as_bytes(), &head, check))
             .collect();
         let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
         store.replace_scope(scope, &list.metadata.resource_version, &item_refs)
