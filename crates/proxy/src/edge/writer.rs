@@ -2,9 +2,9 @@
 //!
 //! Responses are handed over whole (a GET or LIST body) or as the watch lines each body chunk
 //! completes, through a bounded queue, and parsed here, off the request path. Watch events
-//! already queued for the same scope are applied together as one store call, one flush
-//! (a group commit, bounded by `GROUP_MAX_BYTES`); a lone event is never held back to wait for
-//! company. When the queue is full the tee gives up
+//! queued for the same scope are applied together as one store call, one flush (a group
+//! commit, bounded by `GROUP_MAX_BYTES`); a group waits up to `GROUP_WINDOW` (2 ms) for more of
+//! a live watch's events. When the queue is full the tee gives up
 //! on that response rather than slow the client down (see `tee`); what was queued is applied in
 //! the order it arrived, so a LIST always lands before the watch that follows it.
 //!
@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use outpost_cache::{CacheError, EventType, Gvr, ObjectKey, Scope, Store, WriteOutcome};
@@ -181,7 +181,7 @@ fn run(
     while let Some(mut op) = next.take().or_else(|| rx.recv().ok()) {
         let mut ops = 1;
         if let CacheOp::Events { scope, lines } = &mut op {
-            let gathered = gather_events(rx, scope, std::mem::take(lines));
+            let gathered = gather_events(rx, scope, std::mem::take(lines), GROUP_WINDOW);
             *lines = gathered.lines;
             ops += gathered.more_ops;
             next = gathered.next;
@@ -224,6 +224,13 @@ fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
 const GROUP_MAX_BYTES: usize = 256 << 10;
 const GROUP_MAX_EVENTS: usize = 128;
 
+/// How long a group waits for more events of its scope once the queue is drained. A live watch
+/// delivers events one at a time, a few hundred microseconds apart; without the wait each one
+/// would be committed and flushed alone. Nothing is less durable for it: until applied, the
+/// events sit in the in-memory queue either way. Offline answers still wait until the writer
+/// has caught up ([`Writer::caught_up`]).
+const GROUP_WINDOW: Duration = Duration::from_millis(2);
+
 /// What [`gather_events`] took off the queue.
 struct Gathered {
     lines: Vec<Bytes>,
@@ -233,16 +240,24 @@ struct Gathered {
     next: Option<CacheOp>,
 }
 
-/// `first` and the lines of the same scope's events already queued right behind it, until a
-/// group's worth. Never waits: what is queued is what goes. The first other operation taken
-/// off the queue comes back, to be applied next, so the order is kept.
-fn gather_events(rx: &Receiver<CacheOp>, scope: &Scope, first: Vec<Bytes>) -> Gathered {
+/// `first` and the lines of the same scope's events queued behind it, up to a group's worth or
+/// until `window` ([`GROUP_WINDOW`]) has passed since `first` was taken. The first other
+/// operation taken off the queue ends the group and comes back, to be applied next, so the
+/// order is kept.
+fn gather_events(
+    rx: &Receiver<CacheOp>,
+    scope: &Scope,
+    first: Vec<Bytes>,
+    window: Duration,
+) -> Gathered {
+    let deadline = Instant::now() + window;
     let mut lines = first;
     let mut bytes: usize = lines.iter().map(Bytes::len).sum();
     let mut more_ops = 0;
     let mut next = None;
     while lines.len() < GROUP_MAX_EVENTS && bytes < GROUP_MAX_BYTES {
-        match rx.try_recv() {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
             Ok(CacheOp::Events {
                 scope: s,
                 lines: more,
@@ -672,24 +687,49 @@ mod tests {
         tx.send(events(&scope(), vec![line(4)])).unwrap();
         tx.send(events(&other, vec![line(5)])).unwrap();
         tx.send(events(&scope(), vec![line(6)])).unwrap();
-        let gathered = gather_events(&rx, &scope(), vec![line(1)]);
+        let gathered = gather_events(&rx, &scope(), vec![line(1)], GROUP_WINDOW);
         assert_eq!(gathered.lines, [line(1), line(2), line(3), line(4)]);
         assert_eq!(gathered.more_ops, 2);
         assert!(
             matches!(gathered.next, Some(CacheOp::Events { scope, .. }) if scope == other),
             "the other scope's events come back to be applied next"
         );
-        let gathered = gather_events(&rx, &other, vec![line(5)]);
+        let gathered = gather_events(&rx, &other, vec![line(5)], GROUP_WINDOW);
         assert_eq!(gathered.lines, [line(5)]);
         assert!(
             matches!(gathered.next, Some(CacheOp::Events { ref lines, .. }) if *lines == [line(6)])
         );
-        let gathered = gather_events(&rx, &scope(), vec![line(6)]);
+        let started = Instant::now();
+        let gathered = gather_events(&rx, &scope(), vec![line(6)], GROUP_WINDOW);
         assert_eq!(
             (gathered.lines, gathered.next.is_none()),
-            (vec![line(6)], true),
-            "an empty queue ends the group: it never waits"
+            (vec![line(6)], true)
         );
+        assert!(
+            started.elapsed() >= GROUP_WINDOW,
+            "an empty queue ends the group once the window has passed"
+        );
+    }
+
+    #[test]
+    fn events_arriving_within_the_window_join_the_group() {
+        let (tx, rx) = sync_channel(16);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            let more = CacheOp::Events {
+                scope: scope(),
+                lines: vec![Bytes::from_static(b"2")],
+            };
+            tx.send(more).expect("the writer side is there");
+            // Dropping the sender ends the wait at once: the group need not sit out the window.
+        });
+        let started = Instant::now();
+        let window = Duration::from_secs(30);
+        let gathered = gather_events(&rx, &scope(), vec![Bytes::from_static(b"1")], window);
+        sender.join().expect("sender");
+        assert_eq!(gathered.lines, [&b"1"[..], &b"2"[..]]);
+        assert_eq!(gathered.more_ops, 1);
+        assert!(started.elapsed() < window);
     }
 
     #[test]
