@@ -16,7 +16,9 @@
 //! unfiltered scope; get 7.4 µs; relist of 110 pods 4.2 ms; flush after one event 375 µs.
 //! 2026-11-24, after reads stopped copying and records were sealed in place: apply_event
 //! 284 µs flushed / 87 µs batched / 10 µs in memory; apply_events of 32 pods 1.50 ms flushed,
-//! 47 µs per event.
+//! 47 µs per event. Later that day, once a relist stopped re-reading the objects it holds byte
+//! for byte and the pods came in kube-apiserver's key order: relist of 110 unchanged pods
+//! 0.60 ms (was 1.02 ms).
 
 use std::hint::black_box;
 use std::time::Duration;
