@@ -48,6 +48,10 @@ pub enum ProxyError {
     /// The cache itself failed while answering.
     #[error("edge cache failure: {0}")]
     Cache(String),
+    /// A fault inside the hub that is neither the cache's nor the upstream's (a worker task
+    /// that panicked).
+    #[error("internal error in the hub: {0}")]
+    Internal(String),
     /// An answer the hub gives itself (kubelet's local lease): the Status as the apiserver
     /// would word it.
     #[error("{}", .0.message)]
@@ -75,7 +79,7 @@ impl ProxyError {
             } => Status::not_found(&group, &resource, &name),
             ProxyError::Expired(_) => Status::expired(message),
             ProxyError::NotAcceptable(_) => Status::new(Reason::NotAcceptable, message),
-            ProxyError::Cache(_) => Status::internal(message),
+            ProxyError::Cache(_) | ProxyError::Internal(_) => Status::internal(message),
             ProxyError::Local(status) => status,
         }
     }
@@ -92,6 +96,7 @@ impl ProxyError {
             ProxyError::Expired(_) => "expired",
             ProxyError::NotAcceptable(_) => "not_acceptable",
             ProxyError::Cache(_) => "cache",
+            ProxyError::Internal(_) => "internal",
             ProxyError::Local(_) => "local",
         }
     }
@@ -150,6 +155,7 @@ mod tests {
             (ProxyError::Expired("too old".into()), 410),
             (ProxyError::NotAcceptable("protobuf".into()), 406),
             (ProxyError::Cache("disk".into()), 500),
+            (ProxyError::Internal("filter task panicked".into()), 500),
         ];
         for (err, code) in cases {
             let status = err.into_status();

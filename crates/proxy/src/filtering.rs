@@ -140,7 +140,7 @@ impl Filtering {
         let (chain, outcome, bytes) = if bytes.len() > BLOCKING_ABOVE {
             tokio::task::spawn_blocking(move || filter(chain, bytes))
                 .await
-                .map_err(|e| ProxyError::Cache(format!("filter task: {e}")))?
+                .map_err(|e| ProxyError::Internal(format!("response filter task: {e}")))?
         } else {
             filter(chain, bytes)
         };
