@@ -362,7 +362,7 @@ pub fn delete_collection(
             .and_then(Value::as_str)
             .unwrap_or("");
         if let Ok(out) = registry::delete(&shared.store, t.def, ns, name, &options) {
-            deleted.push(untyped(out.object));
+            deleted.push(registry::untyped(out.object));
         }
     }
     let list = json!({
@@ -372,14 +372,6 @@ pub fn delete_collection(
         "items": deleted,
     });
     Ok(json_response(200, &list))
-}
-
-fn untyped(mut v: Value) -> Value {
-    if let Some(m) = v.as_object_mut() {
-        m.shift_remove("kind");
-        m.shift_remove("apiVersion");
-    }
-    v
 }
 
 /// TokenReview: tokens the fake knows authenticate; others do not.

@@ -26,22 +26,16 @@ pub enum Origin {
 pub fn typed(def: &ResourceDef, obj: &Value) -> Value {
     let mut out = obj.clone();
     if let Some(map) = out.as_object_mut() {
-        if def.builtin {
-            // First, where kube-apiserver writes them.
-            map.shift_insert(0, "kind".into(), def.kind.into());
-            map.shift_insert(1, "apiVersion".into(), def.api_version().into());
-        } else {
-            // A custom resource is an unstructured map: its keys come out sorted.
-            map.insert("kind".into(), def.kind.into());
-            map.insert("apiVersion".into(), def.api_version().into());
-            map.sort_keys();
-        }
+        map.insert("kind".into(), def.kind.into());
+        map.insert("apiVersion".into(), def.api_version().into());
     }
+    // Then where kube-apiserver writes them (first, or sorted in a custom resource).
+    crate::store::in_apiserver_order(def, &mut out);
     out
 }
 
 /// Strips `kind` / `apiVersion` for storage (lists must not carry them per item).
-fn untyped(mut obj: Value) -> Value {
+pub(crate) fn untyped(mut obj: Value) -> Value {
     if let Some(map) = obj.as_object_mut() {
         map.shift_remove("kind");
         map.shift_remove("apiVersion");

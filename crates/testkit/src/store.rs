@@ -316,7 +316,7 @@ const OBJECT_META_ORDER: &[&str] = &[
 /// `metadata` with `name` first, `spec`, `status`); a custom resource is an unstructured map,
 /// which Go encodes with sorted keys at every level. What the hub reads first in an object
 /// (its kind, its identity) therefore comes where a real apiserver puts it.
-fn in_apiserver_order(def: &ResourceDef, obj: &mut Value) {
+pub(crate) fn in_apiserver_order(def: &ResourceDef, obj: &mut Value) {
     if !def.builtin {
         sort_keys_deep(obj);
         return;
