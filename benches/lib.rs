@@ -73,6 +73,7 @@ impl Upstream {
             namespace: "kube-system".into(),
             health: outpost_proxy::health::HealthConfig::default(),
             filters: None,
+            secure: None,
         }
     }
 

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, get, raw_http};
+use support::{ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, get, names, raw_http};
 
 const KUBELET: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 const KUBE_PROXY: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/e2e";
@@ -21,7 +21,12 @@ const PROXY_SELECTOR: &str = "labelSelector=%21service.kubernetes.io%2Fheadless%
 /// The hub's address as the filters write it: the test hubs run with `--enable-dummy-if=false`,
 /// so rewritten Services point at `--bind-proxy-address`.
 const HUB_HOST: &str = "127.0.0.1";
-const HUB_PORT: i64 = 10268;
+
+/// The port the filters write: where the hub's secure port really listens (the tests pass
+/// `--proxy-secure-port=0`).
+fn hub_port(hub: &HubProcess) -> i64 {
+    i64::from(hub.secure.port())
+}
 const TOPOLOGY: &str = "openyurt.io/topologyKeys";
 
 /// A request through the hub; `bearer` sends the admin token (kube-proxy and coredns use their
@@ -52,23 +57,6 @@ fn ok_json(resp: &RawResponse, what: &str) -> Value {
         "{what}: {content_type}"
     );
     resp.json()
-}
-
-fn names(list: &Value) -> Vec<String> {
-    let mut names: Vec<String> = list["items"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not a list: {list}"))
-        .iter()
-        .map(|i| {
-            format!(
-                "{}/{}",
-                i["metadata"]["namespace"].as_str().unwrap_or(""),
-                i["metadata"]["name"].as_str().unwrap_or("")
-            )
-        })
-        .collect();
-    names.sort();
-    names
 }
 
 fn item<'a>(list: &'a Value, namespace: &str, name: &str) -> &'a Value {
@@ -366,7 +354,11 @@ async fn masterservice_points_kubelet_at_the_hub_online_and_offline() {
             json!([HUB_HOST]),
             "{what}"
         );
-        assert_eq!(kubernetes["spec"]["ports"][0]["port"], HUB_PORT, "{what}");
+        assert_eq!(
+            kubernetes["spec"]["ports"][0]["port"],
+            hub_port(&hub),
+            "{what}"
+        );
     };
     check(&list, "online");
     // Others see the real Service.
@@ -471,7 +463,7 @@ async fn forwardkubesvctraffic_sends_kube_proxy_to_the_hub() {
         json!([HUB_HOST]),
         "{kubernetes}"
     );
-    assert_eq!(kubernetes["ports"][0]["port"], HUB_PORT);
+    assert_eq!(kubernetes["ports"][0]["port"], hub_port(&hub));
     hub.terminate();
 }
 
@@ -524,7 +516,7 @@ async fn kubelet_gets_an_in_cluster_kube_proxy_config_and_pod_env_pointing_at_th
         env,
         &json!([
             {"name": "KUBERNETES_SERVICE_HOST", "value": HUB_HOST},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": HUB_PORT.to_string()},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": hub_port(&hub).to_string()},
             {"name": "OTHER", "value": "x"}
         ])
     );

@@ -77,6 +77,8 @@ impl Cluster {
             format!("--root-dir={}", d.join("root").display()),
             format!("--disk-cache-path={}", d.join("cache").display()),
             "--enable-dummy-if=false".into(),
+            // Tests run in parallel: each hub's secure port is picked by the OS.
+            "--proxy-secure-port=0".into(),
             // Fast probes keep outage and recovery tests short; no kubelet health endpoint here.
             "--heartbeat-interval-seconds=1".into(),
             "--kubelet-healthz-url=".into(),
@@ -95,6 +97,8 @@ pub struct HubProcess {
     child: Child,
     pub proxy: SocketAddr,
     pub admin: SocketAddr,
+    /// The secure port for in-cluster clients.
+    pub secure: SocketAddr,
     /// Everything the hub wrote to stderr so far (one log line per entry).
     pub log: Arc<Mutex<Vec<String>>>,
 }
@@ -135,6 +139,7 @@ impl HubProcess {
             child,
             proxy: field_addr(&ready, "proxy="),
             admin: field_addr(&ready, "admin="),
+            secure: field_addr(&ready, "secure="),
             log,
         }
     }
@@ -261,7 +266,7 @@ pub struct RawResponse {
 }
 
 impl RawResponse {
-    fn parse(buf: &[u8]) -> RawResponse {
+    pub fn parse(buf: &[u8]) -> RawResponse {
         let split = buf
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
@@ -324,6 +329,24 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
         raw = &raw[(size + 2).min(raw.len())..];
     }
     out
+}
+
+/// The `namespace/name` of every item of a list, sorted.
+pub fn names(list: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}",
+                i["metadata"]["namespace"].as_str().unwrap_or(""),
+                i["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// Polls `cond` every 50 ms until it holds or `timeout` passes.

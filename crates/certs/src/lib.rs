@@ -7,6 +7,8 @@
 //! one presenting the node certificate, and one presenting none, for requests that carry their own
 //! `Authorization: Bearer` token (as yurthub does).
 //!
+//! [`serving`] is the other direction: the certificate the hub presents on its secure port.
+//!
 //! Every failure is a [`CertError`] naming the file and the problem in one line.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +18,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
+
+pub mod serving;
 
 /// Why the certificate files could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +31,13 @@ pub enum CertError {
     },
     #[error("{path}: {problem}")]
     Invalid { path: PathBuf, problem: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot generate a key or certificate request: {0}")]
+    Generate(String),
 }
 
 impl CertError {
@@ -85,7 +96,7 @@ impl UpstreamTls {
     pub fn load(client_pem: &Path, ca_file: &Path) -> Result<Self, CertError> {
         install_ring_provider();
         let roots = load_roots(ca_file)?;
-        let (chain, key) = load_identity(client_pem)?;
+        let (chain, key) = load_identity(&read(client_pem)?, client_pem)?;
         let identity = identity_info(client_pem, &chain[0])?;
         let builder = ClientConfig::builder().with_root_certificates(roots);
         let without_identity = builder.clone().with_no_client_auth();
@@ -135,17 +146,18 @@ fn load_roots(ca_file: &Path) -> Result<RootCertStore, CertError> {
     Ok(roots)
 }
 
+/// A certificate chain and its private key from one PEM text; `pem_path` names it in errors.
 fn load_identity(
+    pem: &[u8],
     pem_path: &Path,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), CertError> {
-    let pem = read(pem_path)?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
+    let chain = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CertError::invalid(pem_path, format!("bad PEM: {e}")))?;
     if chain.is_empty() {
         return Err(CertError::invalid(pem_path, "no CERTIFICATE block found"));
     }
-    let key = PrivateKeyDer::from_pem_slice(&pem)
+    let key = PrivateKeyDer::from_pem_slice(pem)
         .map_err(|e| CertError::invalid(pem_path, format!("no usable PRIVATE KEY block: {e}")))?;
     Ok((chain, key))
 }

@@ -385,6 +385,7 @@ impl Setup {
             format!("--root-dir={}", d.join("root").display()),
             format!("--disk-cache-path={}", d.join("cache").display()),
             "--enable-dummy-if=false".into(),
+            "--proxy-secure-port=0".into(),
             "--v=2".into(),
         ]
     }

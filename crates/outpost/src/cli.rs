@@ -157,7 +157,9 @@ pub struct HubFlags {
     pub bind_address: IpAddr,
     #[arg(long, default_value_t = 10267)]
     pub serve_port: u16,
-    /// HTTPS proxy port for in-cluster clients (accepted; the HTTPS listener is not served yet).
+    /// HTTPS proxy port for in-cluster clients, on `--dummy-if-ip` (or `--bind-proxy-address`
+    /// with `--enable-dummy-if=false`). Its certificate is requested from the cluster
+    /// (kubelet-serving CSR); callers must bring bearer tokens.
     #[arg(long, default_value_t = 10268)]
     pub proxy_secure_port: u16,
     /// The hub's working directory.
@@ -204,9 +206,9 @@ pub struct HubFlags {
     /// How requests are spread over several servers.
     #[arg(long, value_enum, default_value = "rr")]
     pub lb_mode: LbModeFlag,
-    /// Whether the hub answers on the dummy interface's IP: rewritten Services point at
-    /// `--dummy-if-ip` when true, at `--bind-proxy-address` when false (the interface is not
-    /// created yet).
+    /// Whether the hub answers on the dummy interface's IP: rewritten Services and the secure
+    /// port use `--dummy-if-ip` when true, `--bind-proxy-address` when false (the interface is not
+    /// created yet: the secure port binds the address anyway and answers once it exists).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_dummy_if: bool,

@@ -101,6 +101,7 @@ async fn run() -> Result<()> {
             ..outpost_proxy::health::HealthConfig::default()
         },
         filters: None,
+        secure: None,
     })
     .await?;
     println!(

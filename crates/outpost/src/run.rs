@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use outpost_cache::{MemStore, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
 use outpost_proxy::edge::CacheAgents;
-use outpost_proxy::{EdgeConfig, Hub, HubConfig, UpstreamConfig};
+use outpost_proxy::{EdgeConfig, Hub, HubConfig, SecureConfig, UpstreamConfig};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -65,6 +65,12 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         namespace: v.namespace.clone(),
         health: v.health.clone(),
         filters: Some(v.filters.clone()),
+        secure: Some(SecureConfig {
+            addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),
+            node_name: v.node_name.clone(),
+            cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),
+            tokens_file: Some(v.root_dir.join("verified-tokens")),
+        }),
     };
     Ok((config, v))
 }
@@ -133,7 +139,7 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        info!(node = %v.node_name, proxy = %hub.proxy_addr(), admin = %hub.admin_addr(), "ready to serve");
+        info!(node = %v.node_name, proxy = %hub.proxy_addr(), admin = %hub.admin_addr(), secure = %hub.secure_addr().map_or_else(|| "none".to_owned(), |a| a.to_string()), "ready to serve");
         match signals {
             Some(mut signals) => info!(signal = signals.next().await, "shutting down"),
             None => std::future::pending::<()>().await,

@@ -1,8 +1,9 @@
 //! The proxy's error type and the one place errors become responses.
 //!
 //! Every failure a client can see goes through [`ProxyError::into_status`], so the mapping from
-//! cause to HTTP code lives here and nowhere else: malformed request → 400, no upstream reachable →
-//! 503, upstream too slow → 504, upstream answered with something that is not HTTP → 502.
+//! cause to HTTP code lives here and nowhere else: malformed request → 400, no credentials on the
+//! secure port → 401, no upstream reachable → 503, upstream too slow → 504, upstream answered with
+//! something that is not HTTP → 502.
 
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub enum ProxyError {
     /// The request could not be turned into an upstream request (e.g. an unusable path).
     #[error("malformed request: {0}")]
     InvalidRequest(String),
+    /// A caller on the secure port without a bearer token: the node's identity is never lent.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// No TCP or TLS connection to any upstream could be made.
     #[error("no apiserver reachable ({server}): {cause}")]
     Unreachable { server: String, cause: String },
@@ -66,6 +70,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_) => {
                 Status::bad_request(message)
             }
+            ProxyError::Unauthenticated(_) => Status::new(Reason::Unauthorized, message),
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => {
                 Status::service_unavailable(message)
             }
@@ -88,6 +93,7 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_) => "bad_request",
+            ProxyError::Unauthenticated(_) => "unauthenticated",
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BadReply { .. } => "bad_reply",
@@ -121,6 +127,7 @@ mod tests {
     fn codes_are_mapped_in_one_place() {
         let cases = [
             (ProxyError::InvalidRequest("x".into()), 400),
+            (ProxyError::Unauthenticated("no token".into()), 401),
             (
                 ProxyError::Unreachable {
                     server: "s".into(),

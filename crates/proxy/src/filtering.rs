@@ -43,14 +43,6 @@ const BLOCKING_ABOVE: usize = 256 << 10;
 /// A GET or LIST body larger than this is passed unfiltered (and counted).
 const MAX_FILTERED_BODY: usize = 256 << 20;
 
-/// Filters that send in-cluster clients to `hub_host:hub_port` (HTTPS) instead of the apiserver.
-const REDIRECTING_FILTERS: [&str; 4] = [
-    "masterservice",
-    "forwardkubesvctraffic",
-    "inclusterconfig",
-    "serviceenvupdater",
-];
-
 /// The filter flags and the node facts filters depend on.
 #[derive(Debug, Clone)]
 pub struct FilterSettings {
@@ -328,19 +320,6 @@ impl SideData {
         ctx.set_hub(settings.hub_host, settings.hub_port)
             .set_pool_name(settings.pool_name.clone());
         info!(filters = ?set.names().collect::<Vec<_>>(), ?needs, "response filters");
-        let redirecting: Vec<&str> = set
-            .names()
-            .filter(|n| REDIRECTING_FILTERS.contains(n))
-            .collect();
-        if !redirecting.is_empty() {
-            warn!(
-                filters = ?redirecting,
-                hub = %std::net::SocketAddr::new(settings.hub_host, settings.hub_port),
-                "these filters point in-cluster clients at the hub's HTTPS port, which this version \
-                 does not serve yet; serve it in front of the hub or disable them with \
-                 --disabled-resource-filters"
-            );
-        }
         let side = SideData {
             ctx: watch::Sender::new(Arc::new(ctx)),
         };

@@ -54,11 +54,17 @@ fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
 /// `Authorization: Bearer <token>` (scheme case-insensitive), the rule yurthub uses to pick the
 /// transport without the node's client certificate.
 pub fn has_bearer_token(headers: &HeaderMap) -> bool {
+    bearer_token(headers).is_some()
+}
+
+/// The token of `Authorization: Bearer <token>`, when there is one.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
-        .is_some_and(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.is_empty())
+        .filter(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer") && !token.is_empty())
+        .map(|(_, token)| token)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
 //! Outpost's listeners and request pipeline.
 //!
 //! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route →
-//! remote | cache → filter → respond) and the code follows that order. [`Hub::start`] assembles the pieces and binds the two
-//! listeners; the `outpost` binary, the tests and the demo all run the hub through it.
+//! remote | cache → filter → respond) and the code follows that order. [`Hub::start`] assembles
+//! the pieces and binds the listeners (proxy, admin, and the secure port for in-cluster clients);
+//! the `outpost` binary, the tests and the demo all run the hub through it.
 //!
 //! - [`pipeline`]: the four stages of one request.
 //! - [`route`]: the routing decision.
@@ -11,14 +12,17 @@
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting.
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
+//! - [`callers`]: the plain and secure entries, and the tokens the cache may answer offline.
+//! - [`serving_cert`]: the secure port's certificate, requested from the cluster by CSR.
 //! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`.
-//! - [`server`]: HTTP/1.1 accept loops with graceful shutdown.
+//! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
 
 pub mod admin;
 pub mod body;
+pub mod callers;
 pub mod edge;
 pub mod error;
 pub mod filtering;
@@ -30,9 +34,11 @@ pub mod pipeline;
 pub mod reflector;
 pub mod route;
 pub mod server;
+pub mod serving_cert;
 pub mod upstream;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -61,6 +67,21 @@ pub struct HubConfig {
     /// Response filters; `None` turns filtering off entirely (as does
     /// `--enable-resource-filter=false`).
     pub filters: Option<filtering::FilterSettings>,
+    /// The HTTPS port for in-cluster clients; `None` serves none.
+    pub secure: Option<SecureConfig>,
+}
+
+/// The secure port: where `masterservice` sends in-cluster clients.
+#[derive(Debug, Clone)]
+pub struct SecureConfig {
+    /// `--dummy-if-ip` (or `--bind-proxy-address`) `:--proxy-secure-port`.
+    pub addr: SocketAddr,
+    /// The node the serving certificate is requested for.
+    pub node_name: String,
+    /// `<root-dir>/pki/yurthub-server-current.pem`.
+    pub cert_file: PathBuf,
+    /// Where accepted tokens' digests are kept; `None` keeps them in memory only.
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// The edge cache's settings.
@@ -94,21 +115,30 @@ pub enum StartError {
     Writer(std::io::Error),
 }
 
-/// A running hub: both listeners bound, serving until [`Hub::shutdown`].
+/// A running hub: its listeners bound, serving until [`Hub::shutdown`].
 pub struct Hub {
     proxy_addr: SocketAddr,
     admin_addr: SocketAddr,
+    secure_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Hub {
-    /// Binds the proxy and admin listeners and starts serving on them.
+    /// Binds the proxy, admin and secure listeners and starts serving on them.
     pub async fn start(config: HubConfig) -> Result<Hub, StartError> {
         let proxy_listener = bind(config.proxy_addr, "proxy").await?;
         let admin_listener = bind(config.admin_addr, "admin").await?;
+        let secure_listener = match &config.secure {
+            Some(secure) => Some(bind_secure(secure.addr)?),
+            None => None,
+        };
         let proxy_addr = local_addr(&proxy_listener, config.proxy_addr);
         let admin_addr = local_addr(&admin_listener, config.admin_addr);
+        let secure_addr = secure_listener
+            .as_ref()
+            .zip(config.secure.as_ref())
+            .map(|(l, c)| local_addr(l, c.addr));
 
         let metrics = Metrics::new();
         let identity = config.upstream.tls.identity.clone();
@@ -182,7 +212,14 @@ impl Hub {
                 edge.policy().clone(),
             )));
         }
-        let filtering = match &config.filters {
+        // Port 0 picks a free port: the rewritten Services must point where the hub listens.
+        let filter_settings = config.filters.clone().map(|mut settings| {
+            if let Some(addr) = secure_addr {
+                settings.hub_port = addr.port();
+            }
+            settings
+        });
+        let filtering = match &filter_settings {
             Some(settings) => {
                 let (filtering, side_tasks, side_sync) = filtering::SideData::start(
                     settings,
@@ -230,19 +267,53 @@ impl Hub {
             }
             _ => None,
         };
+        let verified_tokens = Arc::new(
+            config
+                .secure
+                .as_ref()
+                .and_then(|s| s.tokens_file.as_deref())
+                .map(callers::VerifiedTokens::load)
+                .unwrap_or_default(),
+        );
         let pipeline = Arc::new(pipeline::Pipeline {
-            upstream,
+            upstream: upstream.clone(),
             metrics: metrics.clone(),
             edge,
             local_lease,
             node_status,
             filtering,
+            verified_tokens,
         });
+        if let (Some(listener), Some(secure)) = (secure_listener, &config.secure) {
+            let slot = Arc::new(outpost_certs::serving::CertSlot::default());
+            let manager = serving_cert::ServingCertManager::new(
+                serving_cert::ServingCertConfig {
+                    node_name: secure.node_name.clone(),
+                    ips: [secure.addr.ip(), proxy_addr.ip()]
+                        .into_iter()
+                        .filter(|ip| !ip.is_unspecified())
+                        .collect(),
+                    file: secure.cert_file.clone(),
+                },
+                upstream.clone(),
+                slot.clone(),
+                metrics.clone(),
+            );
+            manager.install_kept();
+            tasks.push(tokio::spawn(manager.run(shutdown_rx.clone())));
+            let pipeline = pipeline.clone();
+            tasks.push(tokio::spawn(server::serve_tls(
+                listener,
+                tokio_rustls::TlsAcceptor::from(slot.server_config()),
+                move |req| pipeline.clone().handle(req, callers::Entry::Secure),
+                shutdown_rx.clone(),
+            )));
+        }
         let admin = Arc::new(admin::Admin { readiness, metrics });
 
         let proxy_task = tokio::spawn(server::serve(
             proxy_listener,
-            move |req| pipeline.clone().handle(req),
+            move |req| pipeline.clone().handle(req, callers::Entry::Plain),
             shutdown_rx.clone(),
         ));
         let admin_task = tokio::spawn(server::serve(
@@ -250,10 +321,11 @@ impl Hub {
             move |req| admin.clone().handle(req),
             shutdown_rx,
         ));
-        info!(%proxy_addr, %admin_addr, upstream = ?servers, "hub serving");
+        info!(%proxy_addr, %admin_addr, secure = ?secure_addr, upstream = ?servers, "hub serving");
         Ok(Hub {
             proxy_addr,
             admin_addr,
+            secure_addr,
             shutdown,
             tasks: {
                 tasks.extend([proxy_task, admin_task]);
@@ -268,6 +340,11 @@ impl Hub {
 
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// The secure port's address, when it is served.
+    pub fn secure_addr(&self) -> Option<SocketAddr> {
+        self.secure_addr
     }
 
     /// Stops accepting, lets open connections finish within the grace period, and returns.
@@ -301,6 +378,19 @@ async fn bind(addr: SocketAddr, what: &'static str) -> Result<TcpListener, Start
     TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Bind { addr, what, source })
+}
+
+/// The secure port may sit on the dummy interface's address before the interface exists.
+fn bind_secure(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    let (listener, present) = server::bind_freebind(addr).map_err(|source| StartError::Bind {
+        addr,
+        what: "secure proxy",
+        source,
+    })?;
+    if !present {
+        tracing::warn!(%addr, "this host has no such address yet; the secure port answers once it is configured (the dummy interface)");
+    }
+    Ok(listener)
 }
 
 fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {

@@ -18,6 +18,8 @@ pub struct Metrics {
     pub response_bytes: IntCounterVec,
     pub latency: HistogramVec,
     pub client_cert_expiry: IntGaugeVec,
+    /// Expiry of the secure port's serving certificate (0 until one is installed).
+    pub serving_cert_expiry: IntGauge,
     /// Edge cache: writes applied by the writer thread, by operation and outcome.
     pub cache_writes: IntCounterVec,
     /// Edge cache: operations dropped because the writer queue was full.
@@ -95,6 +97,11 @@ impl Metrics {
                 "Expiry (Unix time) of the client certificate the hub presents upstream.",
             ),
             &["user"],
+        )
+        .expect("valid metric definition");
+        let serving_cert_expiry = IntGauge::new(
+            "outpost_serving_certificate_expiry_timestamp_seconds",
+            "Expiry (Unix time) of the certificate the secure port presents; 0 until one is issued.",
         )
         .expect("valid metric definition");
         let cache_writes = IntCounterVec::new(
@@ -188,6 +195,7 @@ impl Metrics {
             Box::new(response_bytes.clone()),
             Box::new(latency.clone()),
             Box::new(client_cert_expiry.clone()),
+            Box::new(serving_cert_expiry.clone()),
             Box::new(cache_writes.clone()),
             Box::new(cache_dropped.clone()),
             Box::new(cache_degraded.clone()),
@@ -210,6 +218,7 @@ impl Metrics {
             response_bytes,
             latency,
             client_cert_expiry,
+            serving_cert_expiry,
             cache_writes,
             cache_dropped,
             cache_degraded,

@@ -8,9 +8,11 @@
 //! ```
 //!
 //! 1. [`classify`]: one [`RequestInfo`] per request (kube-apiserver's rules); a request the
-//!    apiserver would reject is answered `400` here, without touching upstream.
+//!    apiserver would reject is answered `400` here, without touching upstream. On the secure
+//!    port ([`crate::callers`]) a request without a bearer token is answered `401` here.
 //! 2. [`route::decide`]: which identity to present, whether this is a protocol switch, and in
-//!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down.
+//!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down; a
+//!    secure-port caller's route also says whether the cache may answer its token.
 //! 3. `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
 //!    streaming both ways; in edge mode a good response is teed into the cache, and an upstream
 //!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
@@ -35,6 +37,7 @@ use outpost_core::{RequestInfo, Status, Verb};
 use tracing::{debug, warn};
 
 use crate::body::{self, ProxyBody};
+use crate::callers::{self, Entry, VerifiedTokens};
 use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
@@ -55,18 +58,37 @@ pub struct Pipeline {
     pub node_status: Option<Arc<crate::health::node_status::NodeStatus>>,
     /// Response filters (absent when turned off entirely).
     pub filtering: Option<Arc<Filtering>>,
+    /// Secure-port tokens the apiserver has accepted (see [`crate::callers`]).
+    pub verified_tokens: Arc<VerifiedTokens>,
 }
 
 impl Pipeline {
-    /// Serves one client request through all five stages.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// Serves one client request, arrived on `entry`, through all five stages.
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        entry: Entry,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let info = match classify(&req) {
             Ok(info) => info,
             Err(err) => return self.respond(None, Err(err), started, None),
         };
+        let token = match entry {
+            Entry::Plain => None,
+            Entry::Secure => match callers::token_digest(req.headers()) {
+                Some(token) => Some(token),
+                None => {
+                    let err = ProxyError::Unauthenticated(
+                        "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)"
+                            .into(),
+                    );
+                    return self.respond(Some(&info), Err(err), started, None);
+                }
+            },
+        };
         let in_flight = InFlight::enter(&self.metrics, &info);
-        let route = route::decide(
+        let mut route = route::decide(
             &info,
             req.headers(),
             self.edge.as_ref(),
@@ -74,6 +96,10 @@ impl Pipeline {
             self.node_status.as_deref(),
             self.filtering.as_deref(),
         );
+        if let Some(token) = token {
+            let verified = self.verified_tokens.knows(&token);
+            route = route.for_secure_caller(token, verified);
+        }
         let chain = route.filter.clone();
         let result = match (&self.edge, route.cache.clone()) {
             _ if route.tunnel => self.tunnel(route, &info, req).await,
@@ -161,6 +187,9 @@ impl Pipeline {
                 break;
             }
         }
+        if let (Some(token), Ok(resp)) = (&route.token, &sent) {
+            self.judge_token(token, resp.status());
+        }
         let Some(edge) = &self.edge else {
             return Ok(client_response(sent?, false));
         };
@@ -169,6 +198,12 @@ impl Pipeline {
             Ok(resp) => is_cloud_failure(resp.status()),
         };
         if let (true, Some(plan)) = (fall_back, &route.cache) {
+            if !route.cache_may_answer {
+                return Err(ProxyError::Offline(
+                    "the apiserver never accepted this bearer token, so the edge cache does not answer it"
+                        .into(),
+                ));
+            }
             return edge.serve(plan.clone(), info, &parts.headers).await;
         }
         let resp = client_response(sent?, false);
@@ -176,6 +211,16 @@ impl Pipeline {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
         })
+    }
+
+    /// A secure-port token the apiserver accepted may be answered from the cache offline; one
+    /// it refused may not.
+    fn judge_token(&self, token: &callers::TokenDigest, status: StatusCode) {
+        if status.is_success() {
+            self.verified_tokens.remember(*token);
+        } else if status == StatusCode::UNAUTHORIZED {
+            self.verified_tokens.forget(token);
+        }
     }
 
     /// One send; in edge mode a cached read stops waiting as soon as every server is unhealthy.

@@ -11,6 +11,7 @@ use outpost_core::RequestInfo;
 
 use outpost_filter::Chain;
 
+use crate::callers::TokenDigest;
 use crate::edge::{CachePlan, Edge};
 use crate::filtering::Filtering;
 use crate::headers;
@@ -37,6 +38,24 @@ pub struct Route {
     pub local: bool,
     /// The response filters that apply (`None`: the response streams through untouched).
     pub filter: Option<Chain>,
+    /// Whether the cache may answer this caller when the cloud cannot: false for a secure-port
+    /// caller whose token the apiserver never accepted.
+    pub cache_may_answer: bool,
+    /// A secure-port caller's token digest: the apiserver's answer verifies or refutes it.
+    pub token: Option<TokenDigest>,
+}
+
+impl Route {
+    /// A caller on the secure port (see [`crate::callers`]): never one of kubelet's own
+    /// requests; offline, answered from the cache only when its token is verified.
+    pub fn for_secure_caller(mut self, token: TokenDigest, verified: bool) -> Route {
+        self.kubelet_lease = false;
+        self.kubelet_status = false;
+        self.cache_may_answer = verified;
+        self.local &= verified;
+        self.token = Some(token);
+        self
+    }
 }
 
 /// Decides the route from the classification, the request headers and the edge state.
@@ -68,6 +87,8 @@ pub fn decide(
         } else {
             filtering.and_then(|f| f.chain(info))
         },
+        cache_may_answer: true,
+        token: None,
     }
 }
 
@@ -100,6 +121,27 @@ mod tests {
             None,
         );
         assert_eq!(r.identity, Identity::Node);
+    }
+
+    #[test]
+    fn a_secure_caller_is_never_kubelet_and_unverified_it_is_not_answered_locally() {
+        let mut route = decide(
+            &info("/api/v1/pods"),
+            &HeaderMap::new(),
+            None,
+            None,
+            None,
+            None,
+        );
+        route.local = true;
+        route.kubelet_lease = true;
+        route.kubelet_status = true;
+        let verified = route.clone().for_secure_caller([1; 32], true);
+        assert!(verified.local && verified.cache_may_answer);
+        assert!(!verified.kubelet_lease && !verified.kubelet_status);
+        assert_eq!(verified.token, Some([1; 32]));
+        let stranger = route.for_secure_caller([2; 32], false);
+        assert!(!stranger.local && !stranger.cache_may_answer);
     }
 
     #[test]

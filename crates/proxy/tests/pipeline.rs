@@ -147,6 +147,7 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
         namespace: "kube-system".into(),
         health: outpost_proxy::health::HealthConfig::default(),
         filters: None,
+        secure: None,
     })
     .await
     .unwrap();

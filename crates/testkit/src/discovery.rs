@@ -98,6 +98,15 @@ fn resource_entry(r: &ResourceDef) -> Value {
 
 fn subresource_entries(r: &ResourceDef) -> Vec<Value> {
     let mut out = Vec::new();
+    if crate::csr::is_csr(r) {
+        out.push(json!({
+            "name": format!("{}/approval", r.name),
+            "singularName": "",
+            "namespaced": false,
+            "kind": r.kind,
+            "verbs": ["get", "patch", "update"],
+        }));
+    }
     if r.status {
         out.push(json!({
             "name": format!("{}/status", r.name),
@@ -214,6 +223,21 @@ mod tests {
         assert_eq!(leases["apiVersion"], "v1");
         assert_eq!(leases["resources"][0]["kind"], "Lease");
         assert!(api_resource_list("coordination.k8s.io", "v2").is_none());
+        let csrs = api_resource_list("certificates.k8s.io", "v1").unwrap();
+        let names: Vec<&str> = csrs["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "certificatesigningrequests",
+                "certificatesigningrequests/approval",
+                "certificatesigningrequests/status"
+            ]
+        );
         assert!(api_group("nope.io").is_none());
     }
 }

@@ -49,10 +49,10 @@ impl Target<'_> {
     }
 
     fn part(&self) -> Part {
-        if self.subresource == "status" {
-            Part::Status
-        } else {
-            Part::Main
+        match self.subresource {
+            "status" => Part::Status,
+            "approval" => Part::Approval,
+            _ => Part::Main,
         }
     }
 }
@@ -254,7 +254,7 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     })
 }
 
-fn object_body(body: &[u8]) -> Result<Value, ApiError> {
+pub(crate) fn object_body(body: &[u8]) -> Result<Value, ApiError> {
     match parse_body(body)? {
         v @ Value::Object(_) => Ok(v),
         _ => Err(Status::bad_request("the body of the request was in an unknown format").into()),

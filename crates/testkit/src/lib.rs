@@ -20,6 +20,9 @@
 //! State and rules:
 //! - [`resources`]: the served resources and their per-type behaviour.
 //! - `registry`: create/update/delete strategies.
+//! - `csr`: CertificateSigningRequest strategies, validation, `approval` / `status`, admission.
+//! - `csr_controller`: the in-cluster CSR approver (yurt-manager) and signer
+//!   (kube-controller-manager), per [`CsrSigning`].
 //! - `store`: objects, global resourceVersion, event log, snapshots.
 //! - `query`: list options, validation, selectors, continue tokens.
 //! - `patch`: JSON, merge and strategic-merge(-like) patches.
@@ -32,6 +35,8 @@
 
 mod authn;
 mod authz;
+mod csr;
+mod csr_controller;
 mod discovery;
 pub mod full_node;
 mod graph;
@@ -57,7 +62,7 @@ mod watch;
 
 pub use outpost_core::Status;
 pub use pki::{CertPair, NodeCertFiles, TestPki};
-pub use server::{FakeApiServer, FakeConfig, TestkitError};
+pub use server::{CsrSigning, FakeApiServer, FakeConfig, TestkitError};
 pub use state::RequestRecord;
 
 /// The fake's authorization decisions as pure functions, for tests that ask "would the cluster

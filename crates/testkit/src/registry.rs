@@ -156,6 +156,7 @@ fn prepare_create(def: &ResourceDef, obj: &mut Value, origin: Origin) {
         CreateStatus::Clear => {
             obj.as_object_mut().map(|m| m.shift_remove("status"));
         }
+        CreateStatus::Empty => obj["status"] = json!({}),
         CreateStatus::Pending => obj["status"] = json!({"phase": "Pending"}),
         CreateStatus::Active => obj["status"] = json!({"phase": "Active"}),
     }
@@ -217,6 +218,8 @@ pub fn create(
 pub enum Part {
     Main,
     Status,
+    /// A CSR's `approval` subresource: only `status.conditions`.
+    Approval,
 }
 
 /// What a PUT or PATCH ended up doing.
@@ -320,11 +323,15 @@ fn next_version(
     }
     let mut next = match part {
         Part::Status => with_status_of(cur, &body),
+        Part::Approval => crate::csr::with_conditions_of(cur, &body),
         Part::Main => body,
     };
     keep_system_metadata(cur, &mut next);
     if part == Part::Main && def.status && origin == Origin::Client {
         copy_field(cur, &mut next, "status");
+    }
+    if crate::csr::is_csr(def) && origin == Origin::Client {
+        crate::csr::prepare_update(def, part, cur, &mut next)?;
     }
     if def.generation && spec_changed(cur, &next) {
         let generation = cur

@@ -26,6 +26,8 @@ pub enum CreateStatus {
     Keep,
     /// Status is reset to empty.
     Clear,
+    /// Status is reset to `{}` (a struct that is always serialised, as CSRs have).
+    Empty,
     /// Pods and PVCs start `Pending`.
     Pending,
     /// Namespaces start `Active`.
@@ -360,7 +362,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         namespaced: false,
         short_names: &["csr"],
         status: true,
-        create_status: CreateStatus::Clear,
+        create_status: CreateStatus::Empty,
         field_labels: FieldLabels::Custom(CSR_FIELDS),
         zero_fields: r#"{"spec":{"request":null,"signerName":""},"status":{}}"#,
         ..BASE

@@ -284,8 +284,16 @@ async fn authorize_and_dispatch(
     }
     let body = json_body(info, parts, body)?;
     admit(&attrs, &body, &graph)?;
+    let approval = (
+        info.api_group.as_str(),
+        info.resource.as_str(),
+        info.subresource.as_str(),
+    ) == (crate::csr::GROUP, crate::csr::RESOURCE, "approval");
+    if approval && matches!(info.verb.as_str(), "update" | "patch") {
+        crate::csr::admit_approval(shared, &attrs)?;
+    }
     check_accept(parts)?;
-    resource(shared, info, parts, body).await
+    resource(shared, info, user, parts, body).await
 }
 
 /// NodeRestriction for writes by nodes.
@@ -362,6 +370,7 @@ fn target<'a>(info: &'a Info) -> Result<Target<'a>, ApiError> {
     let sub_ok = match info.subresource.as_str() {
         "" => true,
         "status" => def.status,
+        "approval" => crate::csr::is_csr(def),
         "token" => def.kind == "ServiceAccount",
         sub if is_streaming_subresource(sub) => def.kind == "Pod",
         _ => false,
@@ -397,7 +406,7 @@ fn scope<'a>(def: &ResourceDef, info: &'a Info) -> Result<Option<&'a str>, ApiEr
 
 fn verb_allowed(def: &ResourceDef, info: &Info) -> bool {
     match info.subresource.as_str() {
-        "status" => matches!(info.verb.as_str(), "get" | "update" | "patch"),
+        "status" | "approval" => matches!(info.verb.as_str(), "get" | "update" | "patch"),
         "token" => info.verb == "create",
         // SPDY clients POST, websocket clients GET.
         sub if is_streaming_subresource(sub) => matches!(info.verb.as_str(), "create" | "get"),
@@ -408,6 +417,7 @@ fn verb_allowed(def: &ResourceDef, info: &Info) -> bool {
 async fn resource(
     shared: &Arc<Shared>,
     info: &Info,
+    user: &UserInfo,
     parts: &Parts,
     body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
@@ -453,7 +463,7 @@ async fn resource(
             };
             watch::watch(shared.clone(), named, o).await
         }
-        "create" => create(shared, t, info, &body),
+        "create" => create(shared, t, info, user, &body),
         "update" => handlers::update(shared, t, &body),
         "patch" => handlers::patch(shared, t, content_type, &body),
         "delete" => handlers::delete(shared, t, &body),
@@ -494,6 +504,7 @@ fn create(
     shared: &Shared,
     t: Target<'_>,
     info: &Info,
+    user: &UserInfo,
     body: &[u8],
 ) -> Result<Response<Body>, ApiError> {
     if !info.path_name.is_empty() && t.subresource != "token" {
@@ -504,6 +515,7 @@ fn create(
         ("authorization.k8s.io", "subjectaccessreviews") => {
             handlers::subject_access_review(shared, body)
         }
+        (crate::csr::GROUP, crate::csr::RESOURCE) => crate::csr::create(shared, t.def, user, body),
         _ => handlers::create(shared, t, body),
     }
 }

@@ -48,6 +48,22 @@ pub struct FakeConfig {
     pub git_version: String,
     /// Load the fixture pods and a small edge cluster (see the `seed` module).
     pub seed: bool,
+    /// Which CertificateSigningRequest controllers run in the cluster.
+    pub csr_signing: CsrSigning,
+}
+
+/// The controllers that act on CertificateSigningRequests (see the `csr_controller` module).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CsrSigning {
+    /// OpenYurt's yurt-manager approves node serving and yurthub client requests, and
+    /// kube-controller-manager signs approved `kubernetes.io/*` requests with the cluster CA.
+    #[default]
+    ApproveAndSign,
+    /// No approver: requests stay pending until someone approves them through the `approval`
+    /// subresource; kube-controller-manager still signs what gets approved.
+    Pending,
+    /// Neither: requests are stored and never approved or signed.
+    Off,
 }
 
 impl Default for FakeConfig {
@@ -58,6 +74,7 @@ impl Default for FakeConfig {
             event_window: 1000,
             git_version: "v1.32.4".to_owned(),
             seed: true,
+            csr_signing: CsrSigning::default(),
         }
     }
 }
@@ -87,6 +104,8 @@ pub struct FakeApiServer {
     acceptor: TlsAcceptor,
     listener: ListenerSlot,
     accept_task: Mutex<Option<JoinHandle<()>>>,
+    /// The in-cluster CSR controllers, if any run.
+    controllers: Option<JoinHandle<()>>,
     connections: Connections,
     /// Sockets accepted while blackholed, held open without a handshake.
     held: Arc<Mutex<Vec<TcpStream>>>,
@@ -156,12 +175,14 @@ impl FakeApiServer {
         }
         store.compact_all();
         let shared = Arc::new(Shared::new(config, store, authn, addr));
+        let controllers = crate::csr_controller::spawn(shared.clone(), pki.clone());
         let server = FakeApiServer {
             shared,
             pki,
             acceptor,
             listener: Arc::new(Mutex::new(Some(listener))),
             accept_task: Mutex::new(None),
+            controllers,
             connections: Arc::new(Mutex::new(JoinSet::new())),
             held: Arc::new(Mutex::new(Vec::new())),
         };
@@ -398,6 +419,9 @@ impl FakeApiServer {
 impl Drop for FakeApiServer {
     fn drop(&mut self) {
         if let Some(task) = lock(&self.accept_task).take() {
+            task.abort();
+        }
+        if let Some(task) = &self.controllers {
             task.abort();
         }
         // Dropping the JoinSet would abort too, but the Arc may outlive us in the accept task.

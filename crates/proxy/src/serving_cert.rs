@@ -1,0 +1,404 @@
+//! Obtaining and renewing the secure port's certificate from the cluster, as yurthub does.
+//!
+//! [`ServingCertManager::run`] is the whole story: install the certificate kept on disk if it is
+//! still valid (a node rebooted offline serves at once); then, whenever the cloud is reachable,
+//! work out the names the certificate needs (the `kubernetes.default` names, the hub's addresses,
+//! the `default/kubernetes` ClusterIPs and the node's addresses), and if the current certificate
+//! lacks one or has used 80 % of its life, ask for a new one: a `kubernetes.io/kubelet-serving`
+//! CertificateSigningRequest sent as the node, then polled until it is issued. An approver
+//! (yurt-manager's csrapprover in an OpenYurt cluster) must approve it; until then the secure
+//! port has no certificate and handshakes fail, which the log says every minute.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::Engine;
+use http::{Method, StatusCode};
+use outpost_certs::serving::{CertSlot, KUBELET_SERVING_SIGNER, Sans, ServingCert, draft_csr};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::upstream::{OwnCall, Upstream};
+
+const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+const USER_AGENT: &str = "outpost/serving-certificate";
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long to wait after a failed attempt (denied, refused, unreachable) before the next.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// How often a request that nobody approves is mentioned in the log.
+const PENDING_REMINDER: Duration = Duration::from_secs(60);
+
+/// What the manager needs to know about the node.
+#[derive(Debug, Clone)]
+pub struct ServingCertConfig {
+    pub node_name: String,
+    /// Addresses the certificate must always name: the secure listener's (dummy IP or bind
+    /// proxy address). Names learnt from the cluster are added when it is reachable.
+    pub ips: Vec<IpAddr>,
+    /// Where the certificate and key are kept (`<root-dir>/pki/yurthub-server-current.pem`).
+    pub file: PathBuf,
+}
+
+pub struct ServingCertManager {
+    config: ServingCertConfig,
+    upstream: Arc<Upstream>,
+    slot: Arc<CertSlot>,
+    metrics: Metrics,
+}
+
+impl ServingCertManager {
+    pub fn new(
+        config: ServingCertConfig,
+        upstream: Arc<Upstream>,
+        slot: Arc<CertSlot>,
+        metrics: Metrics,
+    ) -> Self {
+        ServingCertManager {
+            config,
+            upstream,
+            slot,
+            metrics,
+        }
+    }
+
+    /// Installs the kept certificate when it is valid and names the hub's own addresses.
+    pub fn install_kept(&self) {
+        match ServingCert::load(&self.config.file) {
+            Ok(cert)
+                if cert.is_valid_at(SystemTime::now()) && cert.sans.covers(&self.static_sans()) =>
+            {
+                info!(path = %self.config.file.display(), sans = ?cert.sans, "serving certificate loaded");
+                self.install(cert);
+            }
+            Ok(cert) => {
+                info!(path = %self.config.file.display(), sans = ?cert.sans, "kept serving certificate is expired or lacks an address; a new one will be requested")
+            }
+            Err(outpost_certs::CertError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                warn!(error = %e, "kept serving certificate is unusable; a new one will be requested")
+            }
+        }
+    }
+
+    /// Keeps a current certificate in the slot until shutdown.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut online = self.upstream.states().subscribe();
+        loop {
+            // Names and requests need the cloud; wait for it.
+            let reachable = async {
+                let _ = online.wait_for(|up| *up).await;
+            };
+            if !run_until_shutdown(reachable, &mut shutdown).await {
+                return;
+            }
+            let wanted = self.wanted_sans().await;
+            let next = match self.slot.current() {
+                Some(cert) if cert.sans.covers(&wanted) => until(cert.renew_at()),
+                _ => Duration::ZERO,
+            };
+            if !next.is_zero() {
+                if !run_until_shutdown(tokio::time::sleep(next), &mut shutdown).await {
+                    return;
+                }
+                continue;
+            }
+            match run_until_shutdown_with(self.obtain(&wanted), &mut shutdown).await {
+                None => return,
+                Some(Ok(cert)) => self.install(cert),
+                Some(Err(e)) => {
+                    warn!(error = %e, retry_in_s = RETRY_AFTER.as_secs(), "cannot obtain a serving certificate");
+                    if !run_until_shutdown(tokio::time::sleep(RETRY_AFTER), &mut shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn install(&self, cert: ServingCert) {
+        self.metrics
+            .serving_cert_expiry
+            .set(i64::try_from(cert.not_after_unix()).unwrap_or(i64::MAX));
+        self.slot.install(cert);
+    }
+
+    fn static_sans(&self) -> Sans {
+        Sans::for_hub(self.config.ips.iter().copied())
+    }
+
+    /// The static names plus what the cluster says: `default/kubernetes`'s ClusterIPs (pods
+    /// that dial the service IP reach the hub through kube-proxy's rewrite) and the node's
+    /// addresses. Whatever cannot be read now is simply not asked for.
+    async fn wanted_sans(&self) -> Sans {
+        let mut sans = self.static_sans();
+        if let Some(svc) = self
+            .get_json("/api/v1/namespaces/default/services/kubernetes")
+            .await
+        {
+            sans.add_ips(cluster_ips(&svc));
+        }
+        let node_path = format!("/api/v1/nodes/{}", self.config.node_name);
+        if let Some(node) = self.get_json(&node_path).await {
+            sans.add_ips(node_ips(&node));
+        }
+        sans
+    }
+
+    async fn get_json(&self, path: &str) -> Option<Value> {
+        match self.call(Method::GET, path, None).await {
+            Ok((StatusCode::OK, body)) => serde_json::from_slice(&body).ok(),
+            Ok((code, _)) => {
+                warn!(path, %code, "cannot read what the serving certificate should name");
+                None
+            }
+            Err(e) => {
+                warn!(path, error = %e, "cannot read what the serving certificate should name");
+                None
+            }
+        }
+    }
+
+    /// One CSR, sent and waited for; the certificate is checked against its key and the names
+    /// asked for, and kept on disk before it is used.
+    async fn obtain(&self, wanted: &Sans) -> Result<ServingCert, String> {
+        let draft = draft_csr(&self.config.node_name, wanted).map_err(|e| e.to_string())?;
+        let name = self.submit(&draft.csr_pem).await?;
+        info!(csr = %name, sans = ?wanted, "serving certificate requested; waiting for approval");
+        let cert_pem = self.wait_for_certificate(&name).await?;
+        let origin = PathBuf::from(format!("certificatesigningrequest/{name}"));
+        let cert =
+            ServingCert::from_pem(&cert_pem, &draft.key_pem, &origin).map_err(|e| e.to_string())?;
+        if !cert.sans.covers(wanted) {
+            return Err(format!(
+                "{name}: the issued certificate names {:?}, not everything asked for",
+                cert.sans
+            ));
+        }
+        if let Err(e) = cert.store(&self.config.file) {
+            warn!(error = %e, "serving certificate is used but not kept; the next start asks again");
+        }
+        info!(csr = %name, not_after_unix = cert.not_after_unix(), "serving certificate issued");
+        Ok(cert)
+    }
+
+    async fn submit(&self, csr_pem: &str) -> Result<String, String> {
+        let body = csr_object(csr_pem);
+        let (code, reply) = self.call(Method::POST, CSR_PATH, Some(body)).await?;
+        if code != StatusCode::CREATED && code != StatusCode::OK {
+            return Err(format!(
+                "creating the CSR: {code}: {}",
+                String::from_utf8_lossy(&reply)
+            ));
+        }
+        let created: Value = serde_json::from_slice(&reply)
+            .map_err(|e| format!("creating the CSR: unreadable answer: {e}"))?;
+        created
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| "creating the CSR: the answer has no name".to_owned())
+    }
+
+    /// Polls the CSR until it carries a certificate, or says it never will.
+    async fn wait_for_certificate(&self, name: &str) -> Result<String, String> {
+        let path = format!("{CSR_PATH}/{name}");
+        let mut reminded = Instant::now();
+        loop {
+            // Read failures (the cloud gone for a while) are only reported with the reminder.
+            let problem = match self.call(Method::GET, &path, None).await {
+                Ok((StatusCode::OK, body)) => {
+                    let csr: Value = serde_json::from_slice(&body)
+                        .map_err(|e| format!("{name}: unreadable CSR: {e}"))?;
+                    if let Some(outcome) = issued(&csr) {
+                        return outcome.map_err(|why| format!("{name}: {why}"));
+                    }
+                    "pending approval".to_owned()
+                }
+                Ok((StatusCode::NOT_FOUND, _)) => {
+                    return Err(format!("{name}: the CSR was deleted before it was issued"));
+                }
+                Ok((code, _)) => format!("reading it answered {code}"),
+                Err(e) => format!("cannot read it: {e}"),
+            };
+            if reminded.elapsed() >= PENDING_REMINDER {
+                warn!(
+                    csr = name,
+                    problem,
+                    "serving certificate still not issued: approve the CSR (yurt-manager's csrapprover does in OpenYurt clusters); the secure port refuses handshakes until then"
+                );
+                reminded = Instant::now();
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, bytes::Bytes), String> {
+        let server = self
+            .upstream
+            .pick()
+            .ok_or_else(|| "no healthy apiserver".to_owned())?;
+        let call = OwnCall {
+            method,
+            path,
+            user_agent: USER_AGENT,
+            body: body.map(|b| ("application/json", b)),
+            timeout: CALL_TIMEOUT,
+        };
+        self.upstream.own_call(server, call).await
+    }
+}
+
+/// The CertificateSigningRequest object for a serving certificate (kubelet's usages).
+fn csr_object(csr_pem: &str) -> Value {
+    json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"generateName": "csr-"},
+        "spec": {
+            "request": base64::engine::general_purpose::STANDARD.encode(csr_pem),
+            "signerName": KUBELET_SERVING_SIGNER,
+            "usages": ["digital signature", "key encipherment", "server auth"],
+        },
+    })
+}
+
+/// `None` while pending; the PEM once issued; why not, once denied or failed.
+fn issued(csr: &Value) -> Option<Result<String, String>> {
+    let conditions = csr
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for condition in conditions {
+        let kind = condition["type"].as_str().unwrap_or_default();
+        if matches!(kind, "Denied" | "Failed") && condition["status"] != "False" {
+            let message = condition["message"].as_str().unwrap_or_default();
+            return Some(Err(format!("{kind}: {message}")));
+        }
+    }
+    let encoded = csr.pointer("/status/certificate")?.as_str()?;
+    Some(
+        base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .ok()
+            .and_then(|pem| String::from_utf8(pem).ok())
+            .ok_or_else(|| "status.certificate is not base64 PEM".to_owned()),
+    )
+}
+
+fn cluster_ips(service: &Value) -> Vec<IpAddr> {
+    let spec = &service["spec"];
+    let listed = spec["clusterIPs"].as_array().map(Vec::as_slice);
+    listed
+        .unwrap_or(std::slice::from_ref(&spec["clusterIP"]))
+        .iter()
+        .filter_map(|ip| ip.as_str()?.parse().ok())
+        .collect()
+}
+
+fn node_ips(node: &Value) -> Vec<IpAddr> {
+    node.pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| matches!(a["type"].as_str(), Some("InternalIP" | "ExternalIP")))
+        .filter_map(|a| a["address"].as_str()?.parse().ok())
+        .collect()
+}
+
+fn until(at: SystemTime) -> Duration {
+    at.duration_since(SystemTime::now()).unwrap_or_default()
+}
+
+/// Runs `work` unless shutdown comes first; false on shutdown.
+async fn run_until_shutdown(
+    work: impl std::future::Future<Output = ()>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    run_until_shutdown_with(work, shutdown).await.is_some()
+}
+
+async fn run_until_shutdown_with<T>(
+    work: impl std::future::Future<Output = T>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<T> {
+    tokio::select! {
+        out = work => Some(out),
+        _ = shutdown.wait_for(|stop| *stop) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pending_csr_is_waited_for() {
+        assert!(issued(&json!({"status": {}})).is_none());
+        let approved = json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}});
+        assert!(issued(&approved).is_none());
+    }
+
+    #[test]
+    fn an_issued_csr_yields_its_pem_and_a_denied_one_its_reason() {
+        let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        let encoded = base64::engine::general_purpose::STANDARD.encode(pem);
+        let done = json!({"status": {"certificate": encoded, "conditions": [{"type": "Approved", "status": "True"}]}});
+        assert_eq!(issued(&done), Some(Ok(pem.to_owned())));
+        let denied = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "message": "not yours"}]}});
+        assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
+        let garbled = json!({"status": {"certificate": "%%%"}});
+        assert!(matches!(issued(&garbled), Some(Err(_))));
+    }
+
+    #[test]
+    fn names_come_from_the_service_and_the_node() {
+        let svc =
+            json!({"spec": {"clusterIP": "10.96.0.1", "clusterIPs": ["10.96.0.1", "fd00::1"]}});
+        assert_eq!(
+            cluster_ips(&svc),
+            vec![
+                "10.96.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
+        );
+        let old_svc = json!({"spec": {"clusterIP": "10.0.0.1"}});
+        assert_eq!(
+            cluster_ips(&old_svc),
+            vec!["10.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+        let node = json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": "192.168.1.7"},
+            {"type": "Hostname", "address": "edge-1"}
+        ]}});
+        assert_eq!(
+            node_ips(&node),
+            vec!["192.168.1.7".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn the_request_asks_the_kubelet_serving_signer_for_server_usages() {
+        let csr = csr_object("PEM");
+        assert_eq!(csr["spec"]["signerName"], KUBELET_SERVING_SIGNER);
+        assert_eq!(csr["spec"]["request"], "UEVN");
+        assert!(
+            csr["spec"]["usages"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("server auth"))
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The secure port end to end: the real `outpost` binary obtains its serving certificate from
+//! the (fake) cluster by CSR, and in-cluster clients (kubectl, kube-rs, raw TLS) reach the
+//! apiserver through it with their own bearer tokens; offline, the cache answers only tokens the
+//! apiserver accepted, also after a restart with the cloud still gone.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outpost_testkit::FakeConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::{ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, assert_ok, kubectl, names};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const COREDNS: &str = "coredns/1.11.3";
+/// A valid cluster token that never went through the hub while it was online.
+const OTHER_TOKEN: &str = "other-admin-token";
+
+/// A TLS client that trusts only the cluster CA, as a pod's service-account `ca.crt` does.
+fn tls_client(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// `GET path` over TLS to `addr` (verified as the IP address it is), `Connection: close`.
+async fn https_get(
+    addr: SocketAddr,
+    ca_pem: &str,
+    path: &str,
+    user_agent: &str,
+    token: Option<&str>,
+) -> Result<RawResponse, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = ServerName::IpAddress(addr.ip().into());
+    let mut tls = tls_client(ca_pem)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {user_agent}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n"
+    );
+    tls.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut buf)).await;
+    // The server may close without close_notify after `Connection: close`; what was read counts.
+    match read {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if !buf.is_empty() => eprintln!("read ended with {e}"),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("no answer within 30 s".into()),
+    }
+    Ok(RawResponse::parse(&buf))
+}
+
+/// Waits (bounded) until the secure port completes a TLS handshake with a certificate the
+/// cluster CA vouches for.
+async fn until_certified(hub: &HubProcess, ca_pem: &str) {
+    for _ in 0..200 {
+        if https_get(hub.secure, ca_pem, "/version", "probe", Some(ADMIN_TOKEN))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the secure port never presented a certificate; log:\n{}",
+        hub.log_text()
+    );
+}
+
+/// A kubeconfig as an in-cluster client sees it: the hub's secure address, the cluster CA and a
+/// bearer token.
+fn secure_kubeconfig(dir: &Path, hub: &HubProcess, ca_pem: &str, token: &str) -> PathBuf {
+    let ca = dir.join("cluster-ca.crt");
+    std::fs::write(&ca, ca_pem).unwrap();
+    let path = dir.join(format!("secure-{}.kubeconfig", hub.secure.port()));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: https://{}\n    certificate-authority: {}\n\
+         contexts:\n- name: hub\n  context: {{cluster: hub, user: pod, namespace: default}}\n\
+         users:\n- name: pod\n  user: {{token: {token}}}\ncurrent-context: hub\n",
+        hub.secure,
+        ca.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_clients_reach_the_apiserver_with_their_own_tokens() {
+    let cluster = Cluster::start().await;
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+
+    // The certificate came from a kubelet-serving CSR the node made, and is kept on disk.
+    let csrs = cluster
+        .fake
+        .list("certificates.k8s.io/v1/certificatesigningrequests", None);
+    assert_eq!(csrs.len(), 1, "{csrs:?}");
+    let csr = &csrs[0];
+    assert_eq!(csr["spec"]["signerName"], "kubernetes.io/kubelet-serving");
+    assert_eq!(csr["spec"]["username"], format!("system:node:{NODE}"));
+    assert!(csr["status"]["certificate"].is_string(), "{csr}");
+    let kept = cluster
+        .dir
+        .path()
+        .join("root/pki/yurthub-server-current.pem");
+    assert!(kept.exists(), "{}", kept.display());
+
+    // kubectl, as a pod would run it: the request reaches the apiserver as the token's user.
+    cluster.fake.clear_requests();
+    let kubeconfig = secure_kubeconfig(cluster.dir.path(), &hub, &ca, ADMIN_TOKEN);
+    let out = assert_ok(
+        &kubectl(&kubeconfig, &["get", "pods", "-A", "-o", "name"]),
+        "kubectl through the secure port",
+    );
+    let expected: Vec<String> = cluster
+        .fake
+        .list("v1/pods", None)
+        .iter()
+        .map(|p| format!("pod/{}", p["metadata"]["name"].as_str().unwrap()))
+        .collect();
+    assert!(!expected.is_empty());
+    for pod in &expected {
+        assert!(out.contains(pod.as_str()), "{pod} missing from {out}");
+    }
+    let seen = cluster.fake.requests();
+    let list = seen
+        .iter()
+        .find(|r| r.resource == "pods" && r.verb == "list")
+        .unwrap_or_else(|| panic!("no pod list upstream: {seen:?}"));
+    assert_eq!(list.user, "admin", "the node's identity was lent: {list:?}");
+
+    // kube-rs from the same kubeconfig.
+    let kubeconfig = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let node = nodes.get(NODE).await.unwrap();
+    assert_eq!(node.metadata.name.as_deref(), Some(NODE));
+
+    // No token: refused here, never sent upstream with the node's certificate.
+    cluster.fake.clear_requests();
+    let anonymous = https_get(hub.secure, &ca, "/api/v1/pods", "curl/8", None)
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status, 401);
+    let status = anonymous.json();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Unauthorized");
+    assert!(
+        cluster.fake.requests().iter().all(|r| r.resource != "pods"),
+        "an unauthenticated request went upstream"
+    );
+    // A token the cluster does not know: the apiserver's own 401 comes back.
+    let bogus = https_get(hub.secure, &ca, "/api/v1/pods", "curl/8", Some("nope"))
+        .await
+        .unwrap();
+    assert_eq!(bogus.status, 401);
+    assert!(hub.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_the_cache_answers_only_tokens_the_apiserver_accepted_even_after_a_restart() {
+    let cluster = Cluster::start().await;
+    cluster
+        .fake
+        .add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+
+    let services = "/api/v1/services";
+    let online = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        online.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&online.body)
+    );
+    let online_names = names(&online.json());
+    assert!(online_names.contains(&"default/kubernetes".to_owned()));
+
+    cluster.fake.refuse_connections();
+    let mut offline = None;
+    for _ in 0..100 {
+        let resp = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
+            .await
+            .unwrap();
+        if resp.status == 200 {
+            offline = Some(resp);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let offline = offline.expect("the verified token is answered from the cache offline");
+    assert_eq!(names(&offline.json()), online_names);
+
+    let stranger = https_get(hub.secure, &ca, services, COREDNS, Some(OTHER_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(stranger.status, 503);
+    let message = stranger.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("never accepted this bearer token"),
+        "{message}"
+    );
+
+    // Restarted with the cloud still gone: the kept certificate and the kept verdicts serve.
+    assert!(hub.terminate().success());
+    let hub = cluster.start_hub();
+    let again = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
+        .await
+        .expect("the kept certificate is presented at once");
+    assert_eq!(
+        again.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(names(&again.json()), online_names);
+    let stranger = https_get(hub.secure, &ca, services, COREDNS, Some(OTHER_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(stranger.status, 503);
+    assert!(hub.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_approver_the_secure_port_refuses_handshakes_and_the_rest_works() {
+    let cluster = Cluster::start_with(FakeConfig {
+        csr_signing: outpost_testkit::CsrSigning::Pending,
+        ..FakeConfig::default()
+    })
+    .await;
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    // The request is made and stays pending.
+    let mut pending = Vec::new();
+    for _ in 0..100 {
+        pending = cluster
+            .fake
+            .list("certificates.k8s.io/v1/certificatesigningrequests", None);
+        if !pending.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        pending.len(),
+        1,
+        "no CSR was made; log:\n{}",
+        hub.log_text()
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let err = https_get(hub.secure, &ca, "/version", "probe", Some(ADMIN_TOKEN))
+        .await
+        .unwrap_err();
+    assert!(err.contains("TLS handshake"), "{err}");
+    // The node's own port is unaffected.
+    let version = support::get(hub.proxy, "/version", "kubelet/v1.32.4").await;
+    assert_eq!(version.status, 200);
+    assert!(hub.terminate().success());
+}
