@@ -68,6 +68,31 @@ async fn https_get(
     Ok(RawResponse::parse(&buf))
 }
 
+/// The certificate the secure port presents (DER), verified against the cluster CA.
+async fn presented_certificate(addr: SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let tls = tls_client(ca_pem)
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    let (_, session) = tls.get_ref();
+    let chain = session.peer_certificates().ok_or("no certificate")?;
+    Ok(chain[0].as_ref().to_vec())
+}
+
+/// The first certificate in a PEM file, as DER.
+fn first_certificate(path: &Path) -> Vec<u8> {
+    let pem = std::fs::read(path).unwrap();
+    CertificateDer::pem_slice_iter(&pem)
+        .next()
+        .expect("a certificate")
+        .unwrap()
+        .as_ref()
+        .to_vec()
+}
+
 /// Waits (bounded) until the secure port completes a TLS handshake with a certificate the
 /// cluster CA vouches for.
 async fn until_certified(hub: &HubProcess, ca_pem: &str) {
@@ -285,5 +310,55 @@ async fn without_an_approver_the_secure_port_refuses_handshakes_and_the_rest_wor
     // The node's own port is unaffected.
     let version = support::get(hub.proxy, "/version", "kubelet/v1.32.4").await;
     assert_eq!(version.status, 200);
+    assert!(hub.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_needs_more_names() {
+    use outpost_certs::serving::{Sans, ServingCert, draft_csr};
+    let cluster = Cluster::start().await;
+    let ca = cluster.fake.pki().ca_pem.clone();
+    // A valid certificate from an earlier run, naming only the hub's own address.
+    let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let draft = draft_csr(NODE, &Sans::for_hub([loopback])).unwrap();
+    let signed = cluster
+        .fake
+        .pki()
+        .sign_csr(&draft.csr_pem, Duration::from_secs(3600))
+        .unwrap();
+    let kept_file = cluster
+        .dir
+        .path()
+        .join("root/pki/yurthub-server-current.pem");
+    let kept = ServingCert::from_pem(&signed, &draft.key_pem, Path::new("test")).unwrap();
+    kept.store(&kept_file).unwrap();
+    let kept_der = first_certificate(&kept_file);
+
+    // Offline, the kept certificate is what the port presents.
+    cluster.fake.refuse_connections();
+    let hub = cluster.start_hub();
+    let presented = presented_certificate(hub.secure, &ca).await.unwrap();
+    assert_eq!(presented, kept_der);
+
+    // Back online, the hub learns the ClusterIP of default/kubernetes, which the kept one lacks,
+    // and replaces it, on disk and on the port.
+    cluster.fake.restore().await;
+    let mut replaced = None;
+    for _ in 0..200 {
+        let now = presented_certificate(hub.secure, &ca).await.unwrap();
+        if now != kept_der {
+            replaced = Some(now);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let replaced = replaced.unwrap_or_else(|| panic!("never replaced; log:\n{}", hub.log_text()));
+    assert_eq!(replaced, first_certificate(&kept_file));
+    let on_disk = ServingCert::load(&kept_file).unwrap();
+    assert!(
+        on_disk.sans.ips.contains(&"10.96.0.1".parse().unwrap()),
+        "{:?}",
+        on_disk.sans
+    );
     assert!(hub.terminate().success());
 }

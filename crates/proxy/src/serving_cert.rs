@@ -97,13 +97,28 @@ impl ServingCertManager {
             if !run_until_shutdown(reachable, &mut shutdown).await {
                 return;
             }
-            let wanted = self.wanted_sans().await;
-            let next = match self.slot.current() {
-                Some(cert) if cert.sans.covers(&wanted) => until(cert.renew_at()),
+            let (wanted, complete) = self.wanted_sans().await;
+            let pause = match self.slot.current() {
+                Some(cert) if cert.sans.covers(&wanted) => {
+                    let renewal = until(cert.renew_at());
+                    // Names that could not be read are looked for again soon.
+                    if complete {
+                        renewal
+                    } else {
+                        renewal.min(RETRY_AFTER)
+                    }
+                }
                 _ => Duration::ZERO,
             };
-            if !next.is_zero() {
-                if !run_until_shutdown(tokio::time::sleep(next), &mut shutdown).await {
+            if !pause.is_zero() {
+                // A reconnect is a reason to look again: the names may have been unreadable.
+                let woken = async {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        Ok(()) = online.changed() => {}
+                    }
+                };
+                if !run_until_shutdown(woken, &mut shutdown).await {
                     return;
                 }
                 continue;
@@ -134,20 +149,21 @@ impl ServingCertManager {
 
     /// The static names plus what the cluster says: `default/kubernetes`'s ClusterIPs (pods
     /// that dial the service IP reach the hub through kube-proxy's rewrite) and the node's
-    /// addresses. Whatever cannot be read now is simply not asked for.
-    async fn wanted_sans(&self) -> Sans {
+    /// addresses; and whether both could be read (what cannot be read now is not asked for).
+    async fn wanted_sans(&self) -> (Sans, bool) {
         let mut sans = self.static_sans();
-        if let Some(svc) = self
+        let service = self
             .get_json("/api/v1/namespaces/default/services/kubernetes")
-            .await
-        {
-            sans.add_ips(cluster_ips(&svc));
+            .await;
+        if let Some(svc) = &service {
+            sans.add_ips(cluster_ips(svc));
         }
         let node_path = format!("/api/v1/nodes/{}", self.config.node_name);
-        if let Some(node) = self.get_json(&node_path).await {
-            sans.add_ips(node_ips(&node));
+        let node = self.get_json(&node_path).await;
+        if let Some(node) = &node {
+            sans.add_ips(node_ips(node));
         }
-        sans
+        (sans, service.is_some() && node.is_some())
     }
 
     async fn get_json(&self, path: &str) -> Option<Value> {
