@@ -362,3 +362,91 @@ async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_need
     );
     assert!(hub.terminate().success());
 }
+
+/// What a pod's Python program does: `load_incluster_config()` from the environment kubelet
+/// gives it and the mounted token and CA, then a list.
+const PYTHON_IN_CLUSTER: &str = r#"
+import json, sys
+from kubernetes import client
+from kubernetes.config.incluster_config import InClusterConfigLoader
+host, port, token_file, ca_file = sys.argv[1:5]
+InClusterConfigLoader(token_filename=token_file, cert_filename=ca_file,
+    environ={"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}).load_and_set()
+services = client.CoreV1Api().list_service_for_all_namespaces().items
+print(json.dumps(sorted(s.metadata.namespace + "/" + s.metadata.name for s in services)))
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_in_cluster_client_follows_the_rewritten_service_to_the_secure_port() {
+    let cluster = Cluster::start().await;
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+
+    // kubelet's Service informer sees `default/kubernetes` rewritten (masterservice) and kubelet
+    // hands it to pods as KUBERNETES_SERVICE_HOST/PORT.
+    let resp = support::get(
+        hub.proxy,
+        "/api/v1/services",
+        "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e",
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+    let services = resp.json();
+    let service = services["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["metadata"]["namespace"] == "default" && s["metadata"]["name"] == "kubernetes")
+        .unwrap()
+        .clone();
+    let host = service["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    let port = service["spec"]["ports"][0]["port"].to_string();
+    assert_eq!(format!("{host}:{port}"), hub.secure.to_string());
+
+    // The pod's service-account token and the cluster CA, as mounted in the pod.
+    let token = "coredns-service-account-token";
+    cluster.fake.add_token(
+        token,
+        "system:serviceaccount:kube-system:coredns",
+        // Bound to cluster-admin for brevity: the point is whose identity reaches the apiserver.
+        &["system:serviceaccounts", "system:masters"],
+    );
+    let token_file = cluster.dir.path().join("token");
+    let ca_file = cluster.dir.path().join("ca.crt");
+    std::fs::write(&token_file, token).unwrap();
+    std::fs::write(&ca_file, &ca).unwrap();
+    cluster.fake.clear_requests();
+    let out = std::process::Command::new("python3")
+        .args(["-c", PYTHON_IN_CLUSTER, &host, &port])
+        .arg(&token_file)
+        .arg(&ca_file)
+        .output()
+        .expect("python3 runs (.ci/run installs the kubernetes client)");
+    let stdout = assert_ok(&out, "python in-cluster client");
+    let listed: Vec<String> = serde_json::from_str(stdout.trim()).unwrap();
+    let expected: Vec<String> = {
+        let mut all: Vec<String> = cluster
+            .fake
+            .list("v1/services", None)
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}/{}",
+                    s["metadata"]["namespace"].as_str().unwrap(),
+                    s["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    assert_eq!(listed, expected);
+    let seen = cluster.fake.requests();
+    let list = seen
+        .iter()
+        .find(|r| r.resource == "services" && r.verb == "list")
+        .unwrap_or_else(|| panic!("no service list upstream: {seen:?}"));
+    assert_eq!(list.user, "system:serviceaccount:kube-system:coredns");
+    assert!(hub.terminate().success());
+}
