@@ -276,7 +276,7 @@ impl Hub {
                 .unwrap_or_default(),
         );
         let pipeline = Arc::new(pipeline::Pipeline {
-            upstream: upstream.clone(),
+            upstream,
             metrics: metrics.clone(),
             edge,
             local_lease,
@@ -285,29 +285,13 @@ impl Hub {
             verified_tokens,
         });
         if let (Some(listener), Some(secure)) = (secure_listener, &config.secure) {
-            let slot = Arc::new(outpost_certs::serving::CertSlot::default());
-            let manager = serving_cert::ServingCertManager::new(
-                serving_cert::ServingCertConfig {
-                    node_name: secure.node_name.clone(),
-                    ips: [secure.addr.ip(), proxy_addr.ip()]
-                        .into_iter()
-                        .filter(|ip| !ip.is_unspecified())
-                        .collect(),
-                    file: secure.cert_file.clone(),
-                },
-                upstream.clone(),
-                slot.clone(),
-                metrics.clone(),
-            );
-            manager.install_kept();
-            tasks.push(tokio::spawn(manager.run(shutdown_rx.clone())));
-            let pipeline = pipeline.clone();
-            tasks.push(tokio::spawn(server::serve_tls(
+            tasks.extend(serve_secure(
                 listener,
-                tokio_rustls::TlsAcceptor::from(slot.server_config()),
-                move |req| pipeline.clone().handle(req, callers::Entry::Secure),
-                shutdown_rx.clone(),
-            )));
+                secure,
+                proxy_addr,
+                &pipeline,
+                &shutdown_rx,
+            ));
         }
         let admin = Arc::new(admin::Admin { readiness, metrics });
 
@@ -355,6 +339,42 @@ impl Hub {
         }
         info!("hub stopped");
     }
+}
+
+/// The secure port: its certificate manager (the kept certificate installed first) and its TLS
+/// accept loop, running the same pipeline as the plain port.
+fn serve_secure(
+    listener: TcpListener,
+    secure: &SecureConfig,
+    proxy_addr: SocketAddr,
+    pipeline: &Arc<pipeline::Pipeline>,
+    shutdown: &watch::Receiver<bool>,
+) -> [JoinHandle<()>; 2] {
+    let slot = Arc::new(outpost_certs::serving::CertSlot::default());
+    let manager = serving_cert::ServingCertManager::new(
+        serving_cert::ServingCertConfig {
+            node_name: secure.node_name.clone(),
+            ips: [secure.addr.ip(), proxy_addr.ip()]
+                .into_iter()
+                .filter(|ip| !ip.is_unspecified())
+                .collect(),
+            file: secure.cert_file.clone(),
+        },
+        pipeline.upstream.clone(),
+        slot.clone(),
+        pipeline.metrics.clone(),
+    );
+    manager.install_kept();
+    let pipeline = pipeline.clone();
+    [
+        tokio::spawn(manager.run(shutdown.clone())),
+        tokio::spawn(server::serve_tls(
+            listener,
+            tokio_rustls::TlsAcceptor::from(slot.server_config()),
+            move |req| pipeline.clone().handle(req, callers::Entry::Secure),
+            shutdown.clone(),
+        )),
+    ]
 }
 
 /// Keeps the cache agents in step with `yurt-hub-cfg`'s `cache_agents` key.

@@ -28,8 +28,11 @@ const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 const USER_AGENT: &str = "outpost/serving-certificate";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How long to wait after a failed attempt (denied, refused, unreachable) before the next.
+/// How long to wait after a failed attempt (denied, refused, unreachable) before the next; it
+/// doubles with every further failure, up to [`MAX_RETRY_AFTER`], so a cluster that denies the
+/// request does not collect a new CSR every half minute.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(16 * 60);
 /// How often a request that nobody approves is mentioned in the log.
 const PENDING_REMINDER: Duration = Duration::from_secs(60);
 
@@ -89,6 +92,7 @@ impl ServingCertManager {
     /// Keeps a current certificate in the slot until shutdown.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut online = self.upstream.states().subscribe();
+        let mut failures = 0u32;
         loop {
             // Names and requests need the cloud; wait for it.
             let reachable = async {
@@ -125,10 +129,15 @@ impl ServingCertManager {
             }
             match run_until_shutdown_with(self.obtain(&wanted), &mut shutdown).await {
                 None => return,
-                Some(Ok(cert)) => self.install(cert),
+                Some(Ok(cert)) => {
+                    failures = 0;
+                    self.install(cert);
+                }
                 Some(Err(e)) => {
-                    warn!(error = %e, retry_in_s = RETRY_AFTER.as_secs(), "cannot obtain a serving certificate");
-                    if !run_until_shutdown(tokio::time::sleep(RETRY_AFTER), &mut shutdown).await {
+                    let delay = retry_delay(failures);
+                    failures = failures.saturating_add(1);
+                    warn!(error = %e, retry_in_s = delay.as_secs(), "cannot obtain a serving certificate");
+                    if !run_until_shutdown(tokio::time::sleep(delay), &mut shutdown).await {
                         return;
                     }
                 }
@@ -334,6 +343,13 @@ fn node_ips(node: &Value) -> Vec<IpAddr> {
         .collect()
 }
 
+/// The pause after `failures` earlier failures in a row.
+fn retry_delay(failures: u32) -> Duration {
+    RETRY_AFTER
+        .saturating_mul(1 << failures.min(6))
+        .min(MAX_RETRY_AFTER)
+}
+
 fn until(at: SystemTime) -> Duration {
     at.duration_since(SystemTime::now()).unwrap_or_default()
 }
@@ -377,6 +393,15 @@ mod tests {
         assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
         let garbled = json!({"status": {"certificate": "%%%"}});
         assert!(matches!(issued(&garbled), Some(Err(_))));
+    }
+
+    #[test]
+    fn retries_back_off_to_a_ceiling() {
+        assert_eq!(retry_delay(0), RETRY_AFTER);
+        assert_eq!(retry_delay(1), RETRY_AFTER * 2);
+        assert_eq!(retry_delay(4), Duration::from_secs(8 * 60));
+        assert_eq!(retry_delay(5), MAX_RETRY_AFTER);
+        assert_eq!(retry_delay(u32::MAX), MAX_RETRY_AFTER);
     }
 
     #[test]
