@@ -569,21 +569,13 @@ async fn upgrade_requests_are_tunnelled_both_ways() {
                X-Stream-Protocol-Version: v4.channel.k8s.io\r\nContent-Length: 0\r\n\r\n";
     let mut stream = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
     stream.write_all(req.as_bytes()).await.unwrap();
-    let head = read_head(&mut stream).await;
+    let head = support::read_head(&mut stream).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
         "{head}"
     );
-    for msg in [&b"ping"[..], &b"second frame"[..]] {
-        stream.write_all(msg).await.unwrap();
-        let mut echoed = vec![0u8; msg.len()];
-        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed))
-            .await
-            .expect("echo within 5s")
-            .unwrap();
-        assert_eq!(echoed, msg);
-    }
+    support::assert_echoes(&mut stream).await;
     let r = cluster
         .fake
         .requests()
@@ -591,20 +583,6 @@ async fn upgrade_requests_are_tunnelled_both_ways() {
         .find(|r| r.path.ends_with("/exec"))
         .expect("exec reached upstream");
     assert_eq!(r.user, "admin");
-}
-
-async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
-            .await
-            .expect("head within 10s")
-            .unwrap();
-        assert_eq!(n, 1, "connection closed before the response head");
-        head.push(byte[0]);
-    }
-    String::from_utf8_lossy(&head).into_owned()
 }
 
 /// An upstream that completes TLS and then answers with bytes that are not HTTP → 502 Status.

@@ -450,3 +450,42 @@ async fn a_python_in_cluster_client_follows_the_rewritten_service_to_the_secure_
     assert_eq!(list.user, "system:serviceaccount:kube-system:coredns");
     assert!(hub.terminate().success());
 }
+
+/// `kubectl exec` from inside a pod: the upgrade crosses the hub's TLS and is spliced both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_is_tunnelled_through_the_secure_port() {
+    let cluster = Cluster::start().await;
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "busybox"}]}
+    });
+    cluster.fake.create("v1/pods", pod).unwrap();
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+    let tcp = tokio::net::TcpStream::connect(hub.secure).await.unwrap();
+    let mut tls = tls_client(&ca)
+        .connect(ServerName::IpAddress(hub.secure.ip().into()), tcp)
+        .await
+        .unwrap();
+    let req = format!(
+        "POST /api/v1/namespaces/default/pods/p/exec?command=cat&stdin=true&stdout=true HTTP/1.1\r\n\
+         Host: x\r\nUser-Agent: kubectl/v1.32.4\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n\
+         Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\
+         X-Stream-Protocol-Version: v4.channel.k8s.io\r\nContent-Length: 0\r\n\r\n"
+    );
+    tls.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    support::assert_echoes(&mut tls).await;
+    let exec = cluster
+        .fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/exec"))
+        .expect("exec reached upstream");
+    assert_eq!(exec.user, "admin");
+    assert!(hub.terminate().success());
+}

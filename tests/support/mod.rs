@@ -349,6 +349,36 @@ pub fn names(list: &serde_json::Value) -> Vec<String> {
     names
 }
 
+/// Reads an HTTP/1.1 response head byte by byte (the bytes after it belong to a tunnel).
+pub async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
+            .await
+            .expect("head within 10s")
+            .unwrap();
+        assert_eq!(n, 1, "connection closed before the response head");
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Through an open tunnel to the fake's echoing `exec`: what goes in comes back, twice.
+pub async fn assert_echoes<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+) {
+    for msg in [&b"ping"[..], &b"second frame"[..]] {
+        stream.write_all(msg).await.unwrap();
+        let mut echoed = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed))
+            .await
+            .expect("echo within 5s")
+            .unwrap();
+        assert_eq!(echoed, msg);
+    }
+}
+
 /// Polls `cond` every 50 ms until it holds or `timeout` passes.
 pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
