@@ -9,7 +9,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, get, names, raw_http};
+use support::{
+    ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, get, names, raw_http, until_ready,
+};
 
 const KUBELET: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 const KUBE_PROXY: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/e2e";
@@ -113,20 +115,6 @@ fn endpoint_nodes(slice: &Value) -> Vec<String> {
         .unwrap_or_default();
     nodes.sort();
     nodes
-}
-
-/// Polls `/v1/readyz` (bounded) until it answers 200 with `needle` in its body.
-async fn until_ready(hub: &HubProcess, needle: &str) -> String {
-    let mut body = String::new();
-    for _ in 0..150 {
-        let resp = get(hub.admin, "/v1/readyz", "test").await;
-        body = String::from_utf8_lossy(&resp.body).into_owned();
-        if resp.status == 200 && body.contains(needle) {
-            return body;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("readyz never 200 with {needle:?}:\n{body}");
 }
 
 /// A fake cluster with the namespace `shop` for the tests' objects.

@@ -13,7 +13,9 @@ use std::time::Duration;
 use outpost_testkit::FakeConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use support::{ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, assert_ok, kubectl, names};
+use support::{
+    ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, assert_ok, kubectl, names, until_ready,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const COREDNS: &str = "coredns/1.11.3";
@@ -149,6 +151,7 @@ async fn in_cluster_clients_reach_the_apiserver_with_their_own_tokens() {
         .path()
         .join("root/pki/yurthub-server-current.pem");
     assert!(kept.exists(), "{}", kept.display());
+    until_ready(&hub, "[+]secure-port ok: serving certificate valid until").await;
 
     // kubectl, as a pod would run it: the request reaches the apiserver as the token's user.
     cluster.fake.clear_requests();
@@ -307,9 +310,10 @@ async fn without_an_approver_the_secure_port_refuses_handshakes_and_the_rest_wor
         .await
         .unwrap_err();
     assert!(err.contains("TLS handshake"), "{err}");
-    // The node's own port is unaffected.
+    // The node's own port is unaffected, and readiness says what is missing without failing.
     let version = support::get(hub.proxy, "/version", "kubelet/v1.32.4").await;
     assert_eq!(version.status, 200);
+    until_ready(&hub, "[+]secure-port degraded: no serving certificate yet").await;
     assert!(hub.terminate().success());
 }
 

@@ -379,6 +379,21 @@ pub async fn assert_echoes<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unp
     }
 }
 
+/// Polls `/v1/readyz?verbose` (bounded) until it answers 200 with `needle` in its body; returns
+/// the body.
+pub async fn until_ready(hub: &HubProcess, needle: &str) -> String {
+    let mut body = String::new();
+    for _ in 0..150 {
+        let resp = get(hub.admin, "/v1/readyz?verbose", "test").await;
+        body = String::from_utf8_lossy(&resp.body).into_owned();
+        if resp.status == 200 && body.contains(needle) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("readyz never 200 with {needle:?}:\n{body}");
+}
+
 /// Polls `cond` every 50 ms until it holds or `timeout` passes.
 pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

@@ -62,6 +62,10 @@ pub struct Readiness {
     pub config: Option<tokio::sync::watch::Receiver<SyncState>>,
     /// Whether the filters' side data (Services, NodePools, the Node) has been read.
     pub side_data: crate::filtering::SideSync,
+    /// The secure port's certificate, when the port is served. Informational: without one the
+    /// port refuses handshakes, but the node's own traffic is unaffected, so it degrades
+    /// readiness rather than failing it (an approver may never come).
+    pub serving_cert: Option<Arc<outpost_certs::serving::CertSlot>>,
     /// How long a check must fail before readiness reports it (two probe intervals).
     pub flap_guard: Duration,
     /// Per check: the reported state, since when, and since when it has been failing.
@@ -93,6 +97,11 @@ impl Readiness {
         if !self.side_data.states.is_empty() {
             checks.push(self.side_data_check());
         }
+        checks.extend(
+            self.serving_cert
+                .as_deref()
+                .map(|slot| serving_cert_check(slot, now)),
+        );
         checks
     }
 
@@ -205,6 +214,32 @@ fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> Chec
             "cannot persist writes ({}); proxying continues",
             health.last_error.as_deref().unwrap_or("unknown error")
         );
+    }
+    check
+}
+
+fn serving_cert_check(slot: &outpost_certs::serving::CertSlot, now: SystemTime) -> CheckResult {
+    let mut check = CheckResult::new("secure-port", true, String::new());
+    match slot.current() {
+        Some(cert) if cert.is_valid_at(now) => {
+            check.detail = format!(
+                "serving certificate valid until unix time {}",
+                cert.not_after_unix()
+            );
+        }
+        Some(cert) => {
+            check.degraded = true;
+            check.detail = format!(
+                "serving certificate expired at unix time {}; waiting for a new one",
+                cert.not_after_unix()
+            );
+        }
+        None => {
+            check.degraded = true;
+            check.detail = "no serving certificate yet (the CSR awaits approval or the cloud); \
+                            in-cluster clients cannot connect"
+                .into();
+        }
     }
     check
 }
@@ -325,9 +360,24 @@ mod tests {
             edge: false,
             config: None,
             side_data: Default::default(),
+            serving_cert: None,
             flap_guard,
             history: Mutex::default(),
         }
+    }
+
+    #[test]
+    fn a_missing_serving_certificate_degrades_readiness_and_does_not_fail_it() {
+        let mut r = readiness(Duration::from_secs(3600), Duration::ZERO);
+        let slot = Arc::new(outpost_certs::serving::CertSlot::default());
+        r.serving_cert = Some(slot);
+        let check = r
+            .checks(SystemTime::now())
+            .into_iter()
+            .find(|c| c.name == "secure-port")
+            .unwrap();
+        assert!(check.ok && check.degraded, "{check:?}");
+        assert!(check.detail.contains("no serving certificate"), "{check:?}");
     }
 
     #[test]
@@ -358,6 +408,7 @@ mod tests {
             edge: false,
             config: None,
             side_data: Default::default(),
+            serving_cert: None,
             flap_guard: Duration::ZERO,
             history: Mutex::default(),
         };

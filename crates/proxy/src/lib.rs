@@ -182,6 +182,9 @@ impl Hub {
             _ => None,
         };
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let serving_cert = secure_listener
+            .as_ref()
+            .map(|_| Arc::new(outpost_certs::serving::CertSlot::default()));
         let mut readiness = admin::Readiness {
             identity,
             cache: edge.as_ref().map(|e| e.store().clone()),
@@ -190,6 +193,7 @@ impl Hub {
             edge: edge.is_some(),
             config: None,
             side_data: Default::default(),
+            serving_cert: serving_cert.clone(),
             flap_guard: config.health.interval * 2,
             history: std::sync::Mutex::default(),
         };
@@ -284,9 +288,12 @@ impl Hub {
             filtering,
             verified_tokens,
         });
-        if let (Some(listener), Some(secure)) = (secure_listener, &config.secure) {
+        if let (Some(listener), Some(secure), Some(slot)) =
+            (secure_listener, &config.secure, serving_cert)
+        {
             tasks.extend(serve_secure(
                 listener,
+                slot,
                 secure,
                 proxy_addr,
                 &pipeline,
@@ -345,12 +352,12 @@ impl Hub {
 /// accept loop, running the same pipeline as the plain port.
 fn serve_secure(
     listener: TcpListener,
+    slot: Arc<outpost_certs::serving::CertSlot>,
     secure: &SecureConfig,
     proxy_addr: SocketAddr,
     pipeline: &Arc<pipeline::Pipeline>,
     shutdown: &watch::Receiver<bool>,
 ) -> [JoinHandle<()>; 2] {
-    let slot = Arc::new(outpost_certs::serving::CertSlot::default());
     let manager = serving_cert::ServingCertManager::new(
         serving_cert::ServingCertConfig {
             node_name: secure.node_name.clone(),
