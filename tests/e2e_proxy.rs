@@ -671,3 +671,54 @@ async fn kubectl_reaches_an_apiserver_that_demands_client_certificates() {
         "direct access without a certificate must fail"
     );
 }
+
+/// kubelet rotates its client certificate in place (a new file, the symlink re-pointed). The
+/// hub presents the new one without a restart, also when it started with an expired one;
+/// yurthub reloads only after expiry, by which time the node has been failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_kubelet_certificate_is_picked_up_without_a_restart() {
+    let cluster = Cluster::start().await;
+    let user = format!("system:node:{NODE}");
+    let pki = cluster.fake.pki().clone();
+    let expired = pki.expired_client(&user, &["system:nodes"]).unwrap();
+    std::fs::write(&cluster.node_files.client_pem, expired.combined_pem()).unwrap();
+    let hub = cluster.start_hub();
+    let path = format!("/api/v1/nodes/{NODE}");
+    let before = get(hub.proxy, &path, UNCACHED_UA).await;
+    assert!(
+        matches!(before.status, 401 | 503),
+        "an expired certificate cannot succeed: {}",
+        before.status
+    );
+
+    let rotated = pki.client(&user, &["system:nodes", "rotated"]).unwrap();
+    let staged = cluster.dir.path().join("pki/kubelet-client-rotated.pem");
+    std::fs::write(&staged, rotated.combined_pem()).unwrap();
+    std::fs::rename(&staged, &cluster.node_files.client_pem).unwrap();
+
+    let mut after = before;
+    for _ in 0..150 {
+        after = get(hub.proxy, &path, UNCACHED_UA).await;
+        if after.status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(after.status, 200, "log:\n{}", hub.log_text());
+    let seen = cluster.fake.requests();
+    let last = seen
+        .iter()
+        .rev()
+        .find(|r| r.resource == "nodes" && r.user_agent.as_deref() == Some(UNCACHED_UA))
+        .unwrap();
+    assert!(last.groups.iter().any(|g| g == "rotated"), "{last:?}");
+    let metrics =
+        String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned();
+    let expiry: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("outpost_client_certificate_expiry_timestamp_seconds{"))
+        .collect();
+    assert_eq!(expiry.len(), 1, "{expiry:?}");
+    assert!(hub.log_text().contains("client certificate rotated"));
+    assert!(hub.terminate().success());
+}

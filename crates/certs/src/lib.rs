@@ -5,7 +5,8 @@
 //! the cluster CA (`/etc/kubernetes/pki/ca.crt`). [`UpstreamTls::load`] reads both, checks that the
 //! key belongs to the certificate, and builds the two rustls client configurations the proxy needs:
 //! one presenting the node certificate, and one presenting none, for requests that carry their own
-//! `Authorization: Bearer` token (as yurthub does).
+//! `Authorization: Bearer` token (as yurthub does). kubelet rotates that certificate in place;
+//! [`UpstreamTls::reload_if_changed`] reads the files again so the hub can follow.
 //!
 //! [`serving`] is the other direction: the certificate the hub presents on its secure port.
 //!
@@ -81,6 +82,18 @@ pub struct UpstreamTls {
     /// Presents no certificate: for requests that bring their own bearer token.
     pub without_identity: Arc<ClientConfig>,
     pub identity: IdentityInfo,
+    /// The files it was loaded from, and their contents then: kubelet rotates its certificate
+    /// in place, and [`UpstreamTls::reload_if_changed`] notices.
+    pub source: TlsSource,
+}
+
+/// Where an [`UpstreamTls`] came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSource {
+    pub client_pem: PathBuf,
+    pub ca_file: PathBuf,
+    /// Both files' bytes when loaded (client PEM, then CA).
+    contents: (Vec<u8>, Vec<u8>),
 }
 
 impl std::fmt::Debug for UpstreamTls {
@@ -94,9 +107,31 @@ impl std::fmt::Debug for UpstreamTls {
 impl UpstreamTls {
     /// Loads `client_pem` (certificate chain and private key in one file) and the CA bundle.
     pub fn load(client_pem: &Path, ca_file: &Path) -> Result<Self, CertError> {
+        Self::from_contents(client_pem, read(client_pem)?, ca_file, read(ca_file)?)
+    }
+
+    /// Reads both files again: `Ok(None)` when they are unchanged, the new configuration when
+    /// they changed and load, an error when they changed and do not (mid-write, or broken; the
+    /// caller keeps what it has).
+    pub fn reload_if_changed(&self) -> Result<Option<Self>, CertError> {
+        let source = &self.source;
+        let client = read(&source.client_pem)?;
+        let ca = read(&source.ca_file)?;
+        if (&client, &ca) == (&source.contents.0, &source.contents.1) {
+            return Ok(None);
+        }
+        Self::from_contents(&source.client_pem, client, &source.ca_file, ca).map(Some)
+    }
+
+    fn from_contents(
+        client_pem: &Path,
+        client: Vec<u8>,
+        ca_file: &Path,
+        ca: Vec<u8>,
+    ) -> Result<Self, CertError> {
         install_ring_provider();
-        let roots = load_roots(ca_file)?;
-        let (chain, key) = load_identity(&read(client_pem)?, client_pem)?;
+        let roots = load_roots(ca_file, &ca)?;
+        let (chain, key) = load_identity(&client, client_pem)?;
         let identity = identity_info(client_pem, &chain[0])?;
         let builder = ClientConfig::builder().with_root_certificates(roots);
         let without_identity = builder.clone().with_no_client_auth();
@@ -107,6 +142,11 @@ impl UpstreamTls {
             with_identity: Arc::new(with_identity),
             without_identity: Arc::new(without_identity),
             identity,
+            source: TlsSource {
+                client_pem: client_pem.to_owned(),
+                ca_file: ca_file.to_owned(),
+                contents: (client, ca),
+            },
         })
     }
 
@@ -131,10 +171,9 @@ fn read(path: &Path) -> Result<Vec<u8>, CertError> {
     })
 }
 
-fn load_roots(ca_file: &Path) -> Result<RootCertStore, CertError> {
-    let pem = read(ca_file)?;
+fn load_roots(ca_file: &Path, pem: &[u8]) -> Result<RootCertStore, CertError> {
     let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
+    for cert in CertificateDer::pem_slice_iter(pem) {
         let cert = cert.map_err(|e| CertError::invalid(ca_file, format!("bad PEM: {e}")))?;
         roots.add(cert).map_err(|e| {
             CertError::invalid(ca_file, format!("not a usable CA certificate: {e}"))
@@ -249,6 +288,27 @@ mod tests {
             err.contains("garbage.crt") && err.contains("no CERTIFICATE"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_rotated_certificate_is_noticed_and_a_half_written_one_is_not_taken() {
+        let pki = TestPki::new().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let files = pki.write_node_files(dir.path(), "edge-1").unwrap();
+        let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt).unwrap();
+        assert!(tls.reload_if_changed().unwrap().is_none());
+
+        let rotated = pki
+            .client("system:node:edge-1", &["system:nodes", "rotated"])
+            .unwrap();
+        std::fs::write(&files.client_pem, &rotated.cert_pem).unwrap();
+        let err = tls.reload_if_changed().unwrap_err().to_string();
+        assert!(err.contains("PRIVATE KEY"), "{err}");
+
+        std::fs::write(&files.client_pem, rotated.combined_pem()).unwrap();
+        let new = tls.reload_if_changed().unwrap().expect("changed");
+        assert_eq!(new.identity.groups, ["system:nodes", "rotated"]);
+        assert!(new.reload_if_changed().unwrap().is_none());
     }
 
     #[test]

@@ -49,7 +49,8 @@ impl CheckResult {
 
 /// Everything readiness is computed from; evaluated fresh on every probe.
 pub struct Readiness {
-    pub identity: IdentityInfo,
+    /// The client certificate presented upstream now (it follows kubelet's rotations).
+    pub identity: tokio::sync::watch::Receiver<IdentityInfo>,
     /// Edge mode only.
     pub cache: Option<Arc<dyn outpost_cache::Store>>,
     /// Why the disk cache is an in-memory stand-in, if it is.
@@ -175,7 +176,7 @@ impl Readiness {
     }
 
     fn certificate_check(&self, now: SystemTime) -> CheckResult {
-        let id = &self.identity;
+        let id = &*self.identity.borrow();
         let ok = !id.is_expired_at(now);
         let detail = if ok {
             format!(
@@ -353,7 +354,7 @@ mod tests {
 
     fn readiness(valid_for: Duration, flap_guard: Duration) -> Readiness {
         Readiness {
-            identity: identity(valid_for),
+            identity: tokio::sync::watch::channel(identity(valid_for)).1,
             cache: None,
             cache_volatile: None,
             servers: None,
@@ -401,7 +402,7 @@ mod tests {
     #[test]
     fn certificate_check_passes_then_fails_after_expiry() {
         let r = Readiness {
-            identity: identity(Duration::from_secs(3600)),
+            identity: tokio::sync::watch::channel(identity(Duration::from_secs(3600))).1,
             cache: None,
             cache_volatile: None,
             servers: None,

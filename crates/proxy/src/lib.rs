@@ -141,11 +141,7 @@ impl Hub {
             .map(|(l, c)| local_addr(l, c.addr));
 
         let metrics = Metrics::new();
-        let identity = config.upstream.tls.identity.clone();
-        metrics
-            .client_cert_expiry
-            .with_label_values(&[identity.user.as_str()])
-            .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
+        metrics.record_client_certificate(&config.upstream.tls.identity);
         let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
         let initially_healthy = config
             .health
@@ -186,7 +182,7 @@ impl Hub {
             .as_ref()
             .map(|_| Arc::new(outpost_certs::serving::CertSlot::default()));
         let mut readiness = admin::Readiness {
-            identity,
+            identity: upstream.identity(),
             cache: edge.as_ref().map(|e| e.store().clone()),
             cache_volatile: volatile,
             servers: Some(states.clone()),
@@ -197,14 +193,20 @@ impl Hub {
             flap_guard: config.health.interval * 2,
             history: std::sync::Mutex::default(),
         };
-        let mut tasks = vec![tokio::spawn(health::prober::run(
+        let mut tasks = vec![tokio::spawn(upstream::watch_client_certificate(
+            upstream.clone(),
+            metrics.clone(),
+            config.health.interval,
+            shutdown_rx.clone(),
+        ))];
+        tasks.push(tokio::spawn(health::prober::run(
             states,
             upstream.clone(),
             heartbeat.clone(),
             config.health.clone(),
             metrics.clone(),
             shutdown_rx.clone(),
-        ))];
+        )));
         let cfg_watch = hubcfg::ConfigWatch::new(
             &config.namespace,
             upstream.clone(),

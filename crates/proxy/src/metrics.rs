@@ -233,6 +233,14 @@ impl Metrics {
         }
     }
 
+    /// The expiry of the client certificate presented now (the only one with a value).
+    pub fn record_client_certificate(&self, identity: &outpost_certs::IdentityInfo) {
+        self.client_cert_expiry.reset();
+        self.client_cert_expiry
+            .with_label_values(&[identity.user.as_str()])
+            .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();

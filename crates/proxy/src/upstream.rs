@@ -4,10 +4,12 @@
 //! presents none (for callers with their own bearer token). [`Upstream::send`] performs one
 //! exchange with a deadline on the response headers and sorts failures into the three upstream
 //! error kinds the rest of the proxy understands (unreachable, timeout, bad reply).
+//! [`Upstream::replace_tls`] swaps both clients when kubelet rotates the certificate the hub
+//! borrows (see [`watch_client_certificate`]); requests already under way finish on the old ones.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
@@ -15,7 +17,9 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use outpost_certs::UpstreamTls;
+use outpost_certs::{IdentityInfo, UpstreamTls};
+use tokio::sync::watch;
+use tracing::{info, warn};
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -126,23 +130,63 @@ pub struct Upstream {
     states: Arc<ServerStates>,
     lb_mode: LbMode,
     next: AtomicUsize,
-    node_client: HttpsClient,
-    bearer_client: HttpsClient,
+    clients: RwLock<Clients>,
+    /// The certificate the node client presents; readiness and metrics follow it.
+    identity: watch::Sender<IdentityInfo>,
+    connect_timeout: Duration,
     request_timeout: Duration,
+}
+
+/// The two clients built from one [`UpstreamTls`].
+struct Clients {
+    node: HttpsClient,
+    bearer: HttpsClient,
+    tls: UpstreamTls,
+}
+
+impl Clients {
+    fn new(tls: UpstreamTls, connect_timeout: Duration) -> Clients {
+        Clients {
+            node: https_client(tls.with_identity.as_ref().clone(), connect_timeout),
+            bearer: https_client(tls.without_identity.as_ref().clone(), connect_timeout),
+            tls,
+        }
+    }
 }
 
 impl Upstream {
     /// `states` holds the same servers as `config.servers`, with their health.
     pub fn new(config: UpstreamConfig, states: Arc<ServerStates>) -> Upstream {
-        let node_client = https_client(&config, Identity::Node);
-        let bearer_client = https_client(&config, Identity::Bearer);
+        let identity = watch::Sender::new(config.tls.identity.clone());
         Upstream {
             states,
             lb_mode: config.lb_mode,
             next: AtomicUsize::new(0),
-            node_client,
-            bearer_client,
+            clients: RwLock::new(Clients::new(config.tls, config.connect_timeout)),
+            identity,
+            connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
+        }
+    }
+
+    /// The client certificate presented now, and its changes.
+    pub fn identity(&self) -> watch::Receiver<IdentityInfo> {
+        self.identity.subscribe()
+    }
+
+    /// Presents `tls` from the next request on: new clients with their own connection pools.
+    pub fn replace_tls(&self, tls: UpstreamTls) {
+        let identity = tls.identity.clone();
+        *self.clients.write().unwrap_or_else(|e| e.into_inner()) =
+            Clients::new(tls, self.connect_timeout);
+        self.identity.send_replace(identity);
+    }
+
+    fn client(&self, identity: Identity) -> HttpsClient {
+        let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
+        match identity {
+            Identity::Node => clients.node.clone(),
+            Identity::Bearer => clients.bearer.clone(),
         }
     }
 
@@ -189,10 +233,7 @@ impl Upstream {
         *req.uri_mut() = server
             .uri_for(&path_and_query)
             .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
-        let client = match identity {
-            Identity::Node => &self.node_client,
-            Identity::Bearer => &self.bearer_client,
-        };
+        let client = self.client(identity);
         match tokio::time::timeout(deadline, client.request(req)).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(classify_client_error(server, &e)),
@@ -251,15 +292,70 @@ impl Upstream {
     }
 }
 
-fn https_client(config: &UpstreamConfig, identity: Identity) -> HttpsClient {
-    let tls = match identity {
-        Identity::Node => config.tls.with_identity.as_ref().clone(),
-        Identity::Bearer => config.tls.without_identity.as_ref().clone(),
-    };
+/// Checks every `interval` whether kubelet rotated the certificate files the hub borrows, and
+/// switches to the new pair once it loads. yurthub reloads only after the old one has expired;
+/// by then the node has been failing its requests.
+pub async fn watch_client_certificate(
+    upstream: Arc<Upstream>,
+    metrics: crate::metrics::Metrics,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut reported = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let current = upstream
+            .clients
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .tls
+            .clone();
+        // Reading two small files is blocking I/O; keep it off the async workers.
+        let checked = tokio::task::spawn_blocking(move || current.reload_if_changed()).await;
+        match checked {
+            Ok(Ok(None)) => reported = None,
+            Ok(Ok(Some(tls))) if tls.identity.is_expired_at(SystemTime::now()) => {
+                report_once(
+                    &mut reported,
+                    "the rotated client certificate has already expired",
+                );
+            }
+            Ok(Ok(Some(tls))) => {
+                info!(
+                    user = %tls.identity.user,
+                    not_after_unix = tls.identity.not_after_unix(),
+                    "client certificate rotated; new requests present the new one"
+                );
+                metrics.record_client_certificate(&tls.identity);
+                upstream.replace_tls(tls);
+                reported = None;
+            }
+            // Mid-write, or broken: keep the old pair and look again next time.
+            Ok(Err(e)) => report_once(&mut reported, &e.to_string()),
+            Err(e) => report_once(&mut reported, &e.to_string()),
+        }
+    }
+}
+
+/// Logs a problem with the certificate files once, not on every check.
+fn report_once(reported: &mut Option<String>, problem: &str) {
+    if reported.as_deref() != Some(problem) {
+        warn!(
+            problem,
+            "client certificate files changed but cannot be used yet; keeping the current certificate"
+        );
+        *reported = Some(problem.to_owned());
+    }
+}
+
+fn https_client(tls: rustls::ClientConfig, connect_timeout: Duration) -> HttpsClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(Some(config.connect_timeout));
+    http.set_connect_timeout(Some(connect_timeout));
     http.set_keepalive(Some(Duration::from_secs(30)));
     // HTTP/1.1 only: exec/attach/port-forward need HTTP/1.1 upgrades end to end.
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
