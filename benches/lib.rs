@@ -60,6 +60,7 @@ impl Upstream {
     /// A hub on ephemeral loopback ports in front of the fake; `edge: None` is cloud mode.
     pub fn hub_config(&self, edge: Option<EdgeConfig>) -> HubConfig {
         HubConfig {
+            node_name: NODE.into(),
             proxy_addr: "127.0.0.1:0".parse().expect("addr"),
             admin_addr: "127.0.0.1:0".parse().expect("addr"),
             upstream: UpstreamConfig {

@@ -634,3 +634,51 @@ async fn kubectl_works_offline_once_made_a_cache_agent() {
     std::fs::copy(&kc, &second_offline).unwrap();
     assert_eq!(get_pods(&second_offline), ["pod/b", "pod/c"]);
 }
+
+/// yurthub's `GET /pods` on the admin port, for OTA tooling: kubelet's cached pods in edge mode,
+/// online and offline alike; the cloud's in cloud mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_pods_lists_the_nodes_pods_from_the_cache_or_in_cloud_mode_from_the_cloud() {
+    let cluster = cluster_with_pods(&["p1", "p2"]).await;
+    let hub = cluster.start_hub();
+    let kubelet_list = kubelet_get(
+        &hub,
+        &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
+    )
+    .await;
+    assert_eq!(kubelet_list.status, 200);
+    let expected = names(&kubelet_list.json());
+    assert!(expected.contains(&"p1".to_owned()), "{expected:?}");
+
+    assert_eq!(admin_pods(hub.admin).await, expected);
+    // Served from the cache: the fake saw no second pod list.
+    let upstream_lists = |c: &Cluster| {
+        c.fake
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "pods" && r.verb == "list")
+            .count()
+    };
+    assert_eq!(upstream_lists(&cluster), 1);
+
+    cluster.fake.refuse_connections();
+    assert_eq!(admin_pods(hub.admin).await, expected);
+    assert!(hub.terminate().success());
+
+    cluster.fake.restore().await;
+    let mut args = cluster.hub_args();
+    args.push("--working-mode=cloud".into());
+    let cloud = HubProcess::spawn(&args);
+    assert_eq!(admin_pods(cloud.admin).await, expected);
+    assert_eq!(upstream_lists(&cluster), 2);
+    assert!(cloud.terminate().success());
+}
+
+/// `GET /pods` on an admin port: a 200 PodList; the names of its pods.
+async fn admin_pods(admin: std::net::SocketAddr) -> Vec<String> {
+    let resp = get(admin, "/pods", "curl/8").await;
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    let list = resp.json();
+    assert_eq!(list["kind"], "PodList");
+    names(&list)
+}

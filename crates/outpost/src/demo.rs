@@ -79,6 +79,7 @@ async fn run() -> Result<()> {
     println!("    cache: {}", cache_dir.display());
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt)?;
     let hub = Hub::start(HubConfig {
+        node_name: NODE.into(),
         proxy_addr: "127.0.0.1:0".parse()?,
         admin_addr: "127.0.0.1:0".parse()?,
         upstream: UpstreamConfig {

@@ -52,6 +52,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         "starting outpost"
     );
     let config = HubConfig {
+        node_name: v.node_name.clone(),
         proxy_addr: v.proxy_addr,
         admin_addr: v.admin_addr,
         upstream: UpstreamConfig {
@@ -67,7 +68,6 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         filters: Some(v.filters.clone()),
         secure: Some(SecureConfig {
             addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),
-            node_name: v.node_name.clone(),
             cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),
             tokens_file: Some(v.root_dir.join("verified-tokens")),
         }),

@@ -8,6 +8,8 @@
 //!   is reported failed, so one failed probe does not flap readiness. Readiness never gates
 //!   requests, so the hub's own traffic cannot deadlock on it at start-up.
 //! - `GET /metrics`: Prometheus text exposition.
+//! - `GET /pods`: this node's pods as a PodList, as yurthub serves them to OTA tooling: kubelet's
+//!   cached pods in edge mode (online or not), the cloud's in cloud mode.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -264,6 +266,68 @@ fn servers_check(servers: &ServerStates, edge: bool) -> CheckResult {
 pub struct Admin {
     pub readiness: Readiness,
     pub metrics: Metrics,
+    pub pods: NodePods,
+}
+
+/// The source of `GET /pods`.
+pub struct NodePods {
+    pub pipeline: Arc<crate::pipeline::Pipeline>,
+    pub node_name: String,
+}
+
+impl NodePods {
+    async fn serve(&self) -> Response<ProxyBody> {
+        let path = format!(
+            "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+            self.node_name
+        );
+        let result = match &self.pipeline.edge {
+            Some(edge) => Self::cached(edge, &path).await,
+            None => self.upstream_list(&path).await,
+        };
+        result.unwrap_or_else(|e| crate::pipeline::status_response(e.into_status()))
+    }
+
+    /// kubelet's own list, answered by the cache exactly as kubelet would be offline.
+    async fn cached(
+        edge: &crate::edge::Edge,
+        path: &str,
+    ) -> Result<Response<ProxyBody>, crate::ProxyError> {
+        let info = outpost_core::RequestInfo::classify(&Method::GET, path, Some("kubelet"))?;
+        let mut headers = http::HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        let plan = edge.plan(&info, &headers).ok_or_else(|| {
+            crate::ProxyError::Cache(
+                "kubelet's pods are not cached (kubelet is not a cache agent)".into(),
+            )
+        })?;
+        edge.serve(plan, &info, &headers).await
+    }
+
+    async fn upstream_list(&self, path: &str) -> Result<Response<ProxyBody>, crate::ProxyError> {
+        let upstream = &self.pipeline.upstream;
+        let server = upstream.pick().ok_or(crate::ProxyError::NoUpstream)?;
+        let call = crate::upstream::OwnCall {
+            method: Method::GET,
+            path,
+            user_agent: "outpost/pods",
+            body: None,
+            timeout: Duration::from_secs(30),
+        };
+        let (code, bytes) = upstream.own_call(server, call).await.map_err(|cause| {
+            crate::ProxyError::Unreachable {
+                server: server.label(),
+                cause,
+            }
+        })?;
+        let mut resp = Response::new(body::full(bytes));
+        *resp.status_mut() = code;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(resp)
+    }
 }
 
 impl Admin {
@@ -278,6 +342,7 @@ impl Admin {
         match req.uri().path() {
             "/v1/healthz" => text(StatusCode::OK, "OK"),
             "/v1/readyz" => self.readyz(verbose),
+            "/pods" => self.pods.serve().await,
             "/metrics" => {
                 let mut resp = Response::new(body::full(self.metrics.render()));
                 resp.headers_mut().insert(

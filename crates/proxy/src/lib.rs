@@ -17,7 +17,7 @@
 //! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
-//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`.
+//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`.
 //! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
 
 pub mod admin;
@@ -53,6 +53,8 @@ pub use upstream::{LbMode, Server, UpstreamConfig};
 /// Everything the hub needs to start.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
+    /// `--node-name`: whose certificate the hub borrows and whose pods `/pods` lists.
+    pub node_name: String,
     /// `--bind-proxy-address:--proxy-port` (127.0.0.1:10261); port 0 picks a free one.
     pub proxy_addr: SocketAddr,
     /// `--bind-address:--serve-port` (127.0.0.1:10267); port 0 picks a free one.
@@ -76,8 +78,6 @@ pub struct HubConfig {
 pub struct SecureConfig {
     /// `--dummy-if-ip` (or `--bind-proxy-address`) `:--proxy-secure-port`.
     pub addr: SocketAddr,
-    /// The node the serving certificate is requested for.
-    pub node_name: String,
     /// `<root-dir>/pki/yurthub-server-current.pem`.
     pub cert_file: PathBuf,
     /// Where accepted tokens' digests are kept; `None` keeps them in memory only.
@@ -297,12 +297,20 @@ impl Hub {
                 listener,
                 slot,
                 secure,
+                &config.node_name,
                 proxy_addr,
                 &pipeline,
                 &shutdown_rx,
             ));
         }
-        let admin = Arc::new(admin::Admin { readiness, metrics });
+        let admin = Arc::new(admin::Admin {
+            readiness,
+            metrics,
+            pods: admin::NodePods {
+                pipeline: pipeline.clone(),
+                node_name: config.node_name.clone(),
+            },
+        });
 
         let proxy_task = tokio::spawn(server::serve(
             proxy_listener,
@@ -356,13 +364,14 @@ fn serve_secure(
     listener: TcpListener,
     slot: Arc<outpost_certs::serving::CertSlot>,
     secure: &SecureConfig,
+    node_name: &str,
     proxy_addr: SocketAddr,
     pipeline: &Arc<pipeline::Pipeline>,
     shutdown: &watch::Receiver<bool>,
 ) -> [JoinHandle<()>; 2] {
     let manager = serving_cert::ServingCertManager::new(
         serving_cert::ServingCertConfig {
-            node_name: secure.node_name.clone(),
+            node_name: node_name.to_owned(),
             ips: [secure.addr.ip(), proxy_addr.ip()]
                 .into_iter()
                 .filter(|ip| !ip.is_unspecified())

@@ -134,6 +134,7 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
     let files = pki.write_node_files(dir.path(), "edge-1").unwrap();
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt).unwrap();
     let hub = Hub::start(HubConfig {
+        node_name: "edge-1".into(),
         proxy_addr: "127.0.0.1:0".parse().unwrap(),
         admin_addr: "127.0.0.1:0".parse().unwrap(),
         upstream: UpstreamConfig {
