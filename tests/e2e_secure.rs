@@ -493,3 +493,83 @@ async fn exec_is_tunnelled_through_the_secure_port() {
     assert_eq!(exec.user, "admin");
     assert!(hub.terminate().success());
 }
+
+/// A pod's token, however valid, never reads offline what the node's kubelet cached (its pods,
+/// its Secrets) by claiming kubelet's User-Agent, nor what another account cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_a_caller_reads_only_its_own_cache_partition() {
+    let cluster = Cluster::start().await;
+    cluster
+        .fake
+        .add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+    let kubelet = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
+    let node_pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let services = "/api/v1/services";
+
+    // Online: kubelet caches its pods (plain port, node identity); the admin token caches a
+    // Service list as coredns; the other token is verified on an uncached request.
+    assert_eq!(
+        support::get(hub.proxy, &node_pods, kubelet).await.status,
+        200
+    );
+    let listed = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(listed.status, 200);
+    let other = https_get(
+        hub.secure,
+        &ca,
+        "/api/v1/namespaces",
+        "curl/8",
+        Some(OTHER_TOKEN),
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.status, 200);
+
+    cluster.fake.refuse_connections();
+    let mut own = None;
+    for _ in 0..100 {
+        let resp = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
+            .await
+            .unwrap();
+        if resp.status == 200 {
+            own = Some(resp);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        names(&own.expect("its own list, from the cache").json()),
+        names(&listed.json())
+    );
+    // The same User-Agent with another verified token: not the first caller's list.
+    let foreign = https_get(hub.secure, &ca, services, COREDNS, Some(OTHER_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        foreign.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&foreign.body)
+    );
+    // kubelet's User-Agent on the secure port: not kubelet's cache.
+    let posing = https_get(hub.secure, &ca, &node_pods, kubelet, Some(ADMIN_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        posing.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&posing.body)
+    );
+    // kubelet itself still gets its pods.
+    assert_eq!(
+        support::get(hub.proxy, &node_pods, kubelet).await.status,
+        200
+    );
+    assert!(hub.terminate().success());
+}

@@ -8,7 +8,10 @@
 //! - a bearer token is forwarded without the node's certificate, so the apiserver judges it;
 //! - offline nobody can judge a token, so the cache answers only tokens the apiserver accepted
 //!   before ([`VerifiedTokens`]): a 2xx answer to a request carrying the token marks it
-//!   verified, a 401 forgets it.
+//!   verified, a 401 forgets it;
+//! - what a secure-port caller caches is kept in its own [`partition`] of its component's cache,
+//!   so a pod that claims to be `kubelet` in its User-Agent never reads kubelet's cached Secrets,
+//!   nor one service account another's.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -36,6 +39,36 @@ pub fn token_digest(headers: &HeaderMap) -> Option<TokenDigest> {
     let token = headers::bearer_token(headers)?;
     let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
     digest.as_ref().try_into().ok()
+}
+
+/// The cache partition of a secure-port caller: its service account (the `sub` claim of its
+/// token, `system:serviceaccount:<ns>:<name>`, stable across token refreshes), or for a token
+/// that is not a JWT, the token itself (a digest prefix).
+///
+/// The claim is read without checking the signature, and that is enough: the cache keeps only
+/// 2xx answers, which prove the apiserver accepted the token and so its claims, and answers
+/// offline only tokens it accepted.
+pub fn partition(headers: &HeaderMap) -> Option<String> {
+    let token = headers::bearer_token(headers)?;
+    if let Some(subject) = jwt_subject(token) {
+        return Some(subject);
+    }
+    let digest = token_digest(headers)?;
+    Some(format!("token-{}", &to_hex(&digest)[..16]))
+}
+
+fn jwt_subject(token: &str) -> Option<String> {
+    use base64::Engine;
+    let mut parts = token.split('.');
+    let (_header, payload, _signature) = (parts.next()?, parts.next()?, parts.next()?);
+    let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&claims).ok()?;
+    claims["sub"]
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
 }
 
 /// How many tokens are remembered; the oldest is forgotten first. A node runs at most a few
@@ -186,6 +219,32 @@ mod tests {
         assert_ne!(token_digest(&bearer("abd")), Some(a));
         assert_eq!(token_digest(&HeaderMap::new()), None);
         assert_eq!(from_hex(&to_hex(&a)), Some(a));
+    }
+
+    #[test]
+    fn a_service_account_token_is_partitioned_by_its_subject_and_others_by_themselves() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let jwt = |sub: &str| {
+            format!(
+                "{}.{}.sig",
+                b64(r#"{"alg":"RS256"}"#),
+                b64(&format!(r#"{{"sub":"{sub}","exp":1}}"#))
+            )
+        };
+        let coredns = "system:serviceaccount:kube-system:coredns";
+        assert_eq!(partition(&bearer(&jwt(coredns))).as_deref(), Some(coredns));
+        // A refreshed token of the same account: the same partition.
+        let refreshed = format!("{}x", jwt(coredns));
+        assert_eq!(partition(&bearer(&refreshed)).as_deref(), Some(coredns));
+        let opaque = partition(&bearer("static-token")).unwrap();
+        assert!(
+            opaque.starts_with("token-") && opaque.len() == 22,
+            "{opaque}"
+        );
+        assert_ne!(partition(&bearer("other-token")), Some(opaque));
+        assert!(partition(&bearer("a.b.c")).unwrap().starts_with("token-"));
+        assert_eq!(partition(&HeaderMap::new()), None);
     }
 
     #[test]

@@ -74,18 +74,20 @@ impl Pipeline {
             Ok(info) => info,
             Err(err) => return self.respond(None, Err(err), started, None),
         };
-        let token = match entry {
+        let caller = match entry {
             Entry::Plain => None,
-            Entry::Secure => match callers::token_digest(req.headers()) {
-                Some(token) => Some(token),
-                None => {
-                    let err = ProxyError::Unauthenticated(
+            Entry::Secure => {
+                match callers::token_digest(req.headers()).zip(callers::partition(req.headers())) {
+                    Some(caller) => Some(caller),
+                    None => {
+                        let err = ProxyError::Unauthenticated(
                         "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)"
                             .into(),
                     );
-                    return self.respond(Some(&info), Err(err), started, None);
+                        return self.respond(Some(&info), Err(err), started, None);
+                    }
                 }
-            },
+            }
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
         let mut route = route::decide(
@@ -96,9 +98,9 @@ impl Pipeline {
             self.node_status.as_deref(),
             self.filtering.as_deref(),
         );
-        if let Some(token) = token {
+        if let Some((token, partition)) = caller {
             let verified = self.verified_tokens.knows(&token);
-            route = route.for_secure_caller(token, verified);
+            route = route.for_secure_caller(token, &partition, verified);
         }
         let chain = route.filter.clone();
         let result = match (&self.edge, route.cache.clone()) {

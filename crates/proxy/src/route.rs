@@ -47,10 +47,17 @@ pub struct Route {
 
 impl Route {
     /// A caller on the secure port (see [`crate::callers`]): never one of kubelet's own
-    /// requests; offline, answered from the cache only when its token is verified.
-    pub fn for_secure_caller(mut self, token: TokenDigest, verified: bool) -> Route {
+    /// requests; its cache is its own `partition`; offline, answered from the cache only when
+    /// its token is verified.
+    pub fn for_secure_caller(
+        mut self,
+        token: TokenDigest,
+        partition: &str,
+        verified: bool,
+    ) -> Route {
         self.kubelet_lease = false;
         self.kubelet_status = false;
+        self.cache = self.cache.map(|plan| plan.in_partition(partition));
         self.cache_may_answer = verified;
         self.local &= verified;
         self.token = Some(token);
@@ -136,11 +143,11 @@ mod tests {
         route.local = true;
         route.kubelet_lease = true;
         route.kubelet_status = true;
-        let verified = route.clone().for_secure_caller([1; 32], true);
+        let verified = route.clone().for_secure_caller([1; 32], "sa", true);
         assert!(verified.local && verified.cache_may_answer);
         assert!(!verified.kubelet_lease && !verified.kubelet_status);
         assert_eq!(verified.token, Some([1; 32]));
-        let stranger = route.for_secure_caller([2; 32], false);
+        let stranger = route.for_secure_caller([2; 32], "sa", false);
         assert!(!stranger.local && !stranger.cache_may_answer);
     }
 

@@ -96,6 +96,31 @@ pub enum CachePlan {
     Discovery { path: String },
 }
 
+impl CachePlan {
+    /// The same plan in a caller's own partition of its component's cache (`coredns@<caller>`):
+    /// callers of the secure port never read what the node's components, or other callers,
+    /// cached under the same User-Agent (see [`crate::callers::partition`]).
+    pub fn in_partition(self, partition: &str) -> CachePlan {
+        let partitioned = |component: &str| format!("{component}@{partition}");
+        match self {
+            CachePlan::Object { mut key } => {
+                key.component = partitioned(&key.component);
+                CachePlan::Object { key }
+            }
+            CachePlan::List { mut scope } => {
+                scope.component = partitioned(&scope.component);
+                CachePlan::List { scope }
+            }
+            CachePlan::Watch { mut scope } => {
+                scope.component = partitioned(&scope.component);
+                CachePlan::Watch { scope }
+            }
+            // Discovery documents are the same for everyone and cached once.
+            discovery @ CachePlan::Discovery { .. } => discovery,
+        }
+    }
+}
+
 /// Decides [`CachePlan`]s. Cheap to clone; the agent set is shared and replaceable.
 #[derive(Debug, Clone, Default)]
 pub struct CachePolicy {
