@@ -361,8 +361,9 @@ async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_need
     let on_disk = ServingCert::load(&kept_file).unwrap();
     assert!(
         on_disk.sans.ips.contains(&"10.96.0.1".parse().unwrap()),
-        "{:?}",
-        on_disk.sans
+        "{:?}; log:\n{}",
+        on_disk.sans,
+        hub.log_text()
     );
     assert!(hub.terminate().success());
 }

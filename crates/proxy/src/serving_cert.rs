@@ -93,6 +93,7 @@ impl ServingCertManager {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut online = self.upstream.states().subscribe();
         let mut failures = 0u32;
+        let mut unread = 0u32;
         loop {
             // Names and requests need the cloud; wait for it.
             let reachable = async {
@@ -102,17 +103,16 @@ impl ServingCertManager {
                 return;
             }
             let (wanted, complete) = self.wanted_sans().await;
-            let pause = match self.slot.current() {
-                Some(cert) if cert.sans.covers(&wanted) => {
-                    let renewal = until(cert.renew_at());
-                    // Names that could not be read are looked for again soon.
-                    if complete {
-                        renewal
-                    } else {
-                        renewal.min(RETRY_AFTER)
-                    }
-                }
-                _ => Duration::ZERO,
+            unread = if complete {
+                0
+            } else {
+                unread.saturating_add(1)
+            };
+            let current = self.slot.current();
+            let pause = match next_step(current.as_ref(), &wanted, complete, SystemTime::now()) {
+                Next::Obtain => Duration::ZERO,
+                Next::WaitForRenewal(renewal) => renewal,
+                Next::ReadNamesAgain(renewal) => renewal.min(names_retry_delay(unread)),
             };
             if !pause.is_zero() {
                 // A reconnect is a reason to look again: the names may have been unreadable.
@@ -343,15 +343,50 @@ fn node_ips(node: &Value) -> Vec<IpAddr> {
         .collect()
 }
 
+/// What the manager does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Ask for a new certificate now.
+    Obtain,
+    /// The certificate is right; look again when it is due for renewal (after this long).
+    WaitForRenewal(Duration),
+    /// Some names could not be read: do not churn certificates on a partial list while the
+    /// current one serves; read them again soon (at the latest at renewal, after this long).
+    ReadNamesAgain(Duration),
+}
+
+/// Decides from the current certificate (if any), the names wanted, and whether they are all
+/// known. Without a valid certificate, or when it is due, the hub asks with what it knows.
+fn next_step(
+    current: Option<&ServingCert>,
+    wanted: &Sans,
+    complete: bool,
+    now: SystemTime,
+) -> Next {
+    let Some(cert) = current.filter(|c| c.is_valid_at(now)) else {
+        return Next::Obtain;
+    };
+    let renewal = cert.renew_at().duration_since(now).unwrap_or_default();
+    match (renewal.is_zero(), complete, cert.sans.covers(wanted)) {
+        (true, _, _) | (false, true, false) => Next::Obtain,
+        (false, true, true) => Next::WaitForRenewal(renewal),
+        (false, false, _) => Next::ReadNamesAgain(renewal),
+    }
+}
+
+/// The pause before reading the names again after `unread` partial reads in a row: 2 s,
+/// doubling up to [`RETRY_AFTER`].
+fn names_retry_delay(unread: u32) -> Duration {
+    Duration::from_secs(2)
+        .saturating_mul(1 << unread.saturating_sub(1).min(4))
+        .min(RETRY_AFTER)
+}
+
 /// The pause after `failures` earlier failures in a row.
 fn retry_delay(failures: u32) -> Duration {
     RETRY_AFTER
         .saturating_mul(1 << failures.min(6))
         .min(MAX_RETRY_AFTER)
-}
-
-fn until(at: SystemTime) -> Duration {
-    at.duration_since(SystemTime::now()).unwrap_or_default()
 }
 
 /// Runs `work` unless shutdown comes first; false on shutdown.
@@ -393,6 +428,57 @@ mod tests {
         assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
         let garbled = json!({"status": {"certificate": "%%%"}});
         assert!(matches!(issued(&garbled), Some(Err(_))));
+    }
+
+    fn cert(pki: &outpost_testkit::TestPki, sans: &Sans, valid_for: Duration) -> ServingCert {
+        let draft = draft_csr("edge-1", sans).unwrap();
+        let pem = pki.sign_csr(&draft.csr_pem, valid_for).unwrap();
+        ServingCert::from_pem(&pem, &draft.key_pem, std::path::Path::new("t")).unwrap()
+    }
+
+    #[test]
+    fn partial_names_never_replace_a_serving_certificate_before_it_is_due() {
+        let pki = outpost_testkit::TestPki::new().unwrap();
+        let own = Sans::for_hub(["127.0.0.1".parse().unwrap()]);
+        let mut more = own.clone();
+        more.add_ips(["10.96.0.1".parse().unwrap()]);
+        let now = SystemTime::now();
+        // Nothing yet: ask with what is known, complete or not.
+        assert_eq!(next_step(None, &own, false, now), Next::Obtain);
+        let current = cert(&pki, &own, Duration::from_secs(3600));
+        // The cluster names an address the certificate lacks: ask again.
+        assert_eq!(next_step(Some(&current), &more, true, now), Next::Obtain);
+        // A partial read, covered or not: keep serving, read again.
+        assert!(matches!(
+            next_step(Some(&current), &own, false, now),
+            Next::ReadNamesAgain(_)
+        ));
+        let partial_not_covered = {
+            let mut s = own.clone();
+            s.add_ips(["192.168.1.7".parse().unwrap()]);
+            s
+        };
+        assert!(matches!(
+            next_step(Some(&current), &partial_not_covered, false, now),
+            Next::ReadNamesAgain(_)
+        ));
+        // All known and covered: wait for renewal; once due, ask.
+        assert!(
+            matches!(next_step(Some(&current), &own, true, now), Next::WaitForRenewal(d) if d > Duration::ZERO)
+        );
+        let due = current.renew_at() + Duration::from_secs(1);
+        assert_eq!(next_step(Some(&current), &own, false, due), Next::Obtain);
+        // Expired: ask.
+        let expired = current.not_after + Duration::from_secs(1);
+        assert_eq!(next_step(Some(&current), &own, true, expired), Next::Obtain);
+    }
+
+    #[test]
+    fn unreadable_names_are_read_again_sooner_than_a_failed_request() {
+        assert_eq!(names_retry_delay(1), Duration::from_secs(2));
+        assert_eq!(names_retry_delay(2), Duration::from_secs(4));
+        assert_eq!(names_retry_delay(5), Duration::from_secs(30));
+        assert_eq!(names_retry_delay(u32::MAX), RETRY_AFTER);
     }
 
     #[test]

@@ -265,23 +265,23 @@ impl Upstream {
         call: OwnCall<'_>,
     ) -> Result<(http::StatusCode, bytes::Bytes), String> {
         use http_body_util::BodyExt;
-        let mut builder = Request::builder()
-            .method(call.method)
-            .uri(call.path)
-            .header(http::header::USER_AGENT, call.user_agent)
-            .header(http::header::ACCEPT, "application/json");
-        let body = match call.body {
-            Some((content_type, value)) => {
-                builder = builder.header(http::header::CONTENT_TYPE, content_type);
-                crate::body::full(value.to_string())
-            }
-            None => crate::body::empty(),
+        // A GET that finds its pooled connection gone (the server restarted, a link came back)
+        // is sent once more on a fresh one, as the pipeline retries its reads.
+        let attempts = if call.method == http::Method::GET {
+            2
+        } else {
+            1
         };
-        let req = builder.body(body).map_err(|e| e.to_string())?;
-        let resp = self
-            .send(server, Identity::Node, req, call.timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut sent = Err(ProxyError::NoUpstream);
+        for _ in 0..attempts {
+            sent = self
+                .send(server, Identity::Node, own_request(&call)?, call.timeout)
+                .await;
+            if !matches!(sent, Err(ProxyError::Unreachable { .. })) {
+                break;
+            }
+        }
+        let resp = sent.map_err(|e| e.to_string())?;
         let status = resp.status();
         let bytes = tokio::time::timeout(call.timeout, resp.into_body().collect())
             .await
@@ -290,6 +290,23 @@ impl Upstream {
             .to_bytes();
         Ok((status, bytes))
     }
+}
+
+/// The HTTP request for one of the hub's own calls.
+fn own_request(call: &OwnCall<'_>) -> Result<Request<ProxyBody>, String> {
+    let mut builder = Request::builder()
+        .method(call.method.clone())
+        .uri(call.path)
+        .header(http::header::USER_AGENT, call.user_agent)
+        .header(http::header::ACCEPT, "application/json");
+    let body = match &call.body {
+        Some((content_type, value)) => {
+            builder = builder.header(http::header::CONTENT_TYPE, *content_type);
+            crate::body::full(value.to_string())
+        }
+        None => crate::body::empty(),
+    };
+    builder.body(body).map_err(|e| e.to_string())
 }
 
 /// Checks every `interval` whether kubelet rotated the certificate files the hub borrows, and
