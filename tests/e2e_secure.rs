@@ -572,5 +572,43 @@ async fn offline_a_caller_reads_only_its_own_cache_partition() {
         support::get(hub.proxy, &node_pods, kubelet).await.status,
         200
     );
+
+    // Watches follow the same partitions: from the list's resourceVersion, the caller's own
+    // watch is served by the cache (a stream that ends at timeoutSeconds); another's is not.
+    let rv = listed.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let watch = format!("{services}?watch=true&resourceVersion={rv}&timeoutSeconds=1");
+    let own_watch = https_get(hub.secure, &ca, &watch, COREDNS, Some(ADMIN_TOKEN))
+        .await
+        .unwrap();
+    assert_eq!(
+        own_watch.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&own_watch.body)
+    );
+    let foreign_watch = https_get(hub.secure, &ca, &watch, COREDNS, Some(OTHER_TOKEN))
+        .await
+        .unwrap();
+    // As kube-apiserver does for a version it cannot serve: 200 and a 410 ERROR event, which
+    // sends the client to relist (and the relist gets the 503 above).
+    assert_eq!(foreign_watch.status, 200);
+    let event: serde_json::Value =
+        serde_json::from_slice(foreign_watch.body.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(event["type"], "ERROR", "{event}");
+    assert_eq!(event["object"]["code"], 410);
+    let message = event["object"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no cached list covers this watch"),
+        "{message}"
+    );
+    // The caller's own watch replays nothing it does not hold and carries no such error.
+    assert!(
+        !String::from_utf8_lossy(&own_watch.body).contains("\"ERROR\""),
+        "{}",
+        String::from_utf8_lossy(&own_watch.body)
+    );
     assert!(hub.terminate().success());
 }

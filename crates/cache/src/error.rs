@@ -73,3 +73,13 @@ pub struct TooOld {
     /// The oldest version a watch could start from, when a scope covers the request.
     pub oldest_available: Option<ResourceVersion>,
 }
+
+/// Worded for the Status message a client sees.
+impl std::fmt::Display for TooOld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.oldest_available {
+            Some(rv) => write!(f, "the oldest it can replay from is {rv}"),
+            None => f.write_str("no cached list covers this watch"),
+        }
+    }
+}

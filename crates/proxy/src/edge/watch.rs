@@ -112,7 +112,7 @@ async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<St
             expired: false,
         },
         Err(too_old) => Start {
-            lines: vec![expired_line(&from, &format!("{too_old:?}"))],
+            lines: vec![expired_line(&from, &too_old.to_string())],
             resource_version: from,
             expired: true,
         },
