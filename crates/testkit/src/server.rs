@@ -103,6 +103,11 @@ pub struct FakeApiServer {
     pki: Arc<TestPki>,
     acceptor: TlsAcceptor,
     listener: ListenerSlot,
+    /// While connections are refused: the port, bound but not listening, so that connects get
+    /// `ECONNREFUSED` and the kernel hands the port to no one binding port 0 meanwhile (its
+    /// ephemeral search skips ports bound with `SO_REUSEADDR`; a hub started during an outage
+    /// once got the fake's port and pointed at itself).
+    reserved: Mutex<Option<TcpSocket>>,
     accept_task: Mutex<Option<JoinHandle<()>>>,
     /// The in-cluster CSR controllers, if any run.
     controllers: Option<JoinHandle<()>>,
@@ -143,6 +148,12 @@ fn authenticator(pki: &TestPki) -> Result<Authenticator, TestkitError> {
 
 /// Binds with `SO_REUSEADDR` so `restore` can take the same port right after `refuse`.
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    reserve(addr)?.listen(1024)
+}
+
+/// A socket bound to `addr` and not listening: the kernel refuses connects to it, and will not
+/// hand the port to anyone else.
+fn reserve(addr: SocketAddr) -> std::io::Result<TcpSocket> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -150,7 +161,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
-    socket.listen(1024)
+    Ok(socket)
 }
 
 impl FakeApiServer {
@@ -181,6 +192,7 @@ impl FakeApiServer {
             pki,
             acceptor,
             listener: Arc::new(Mutex::new(Some(listener))),
+            reserved: Mutex::new(None),
             accept_task: Mutex::new(None),
             controllers,
             connections: Arc::new(Mutex::new(JoinSet::new())),
@@ -322,10 +334,17 @@ impl FakeApiServer {
     // ---- fault injection -----------------------------------------------------------------
 
     /// Closes the listening socket (connects get `ECONNREFUSED`) and drops open connections.
+    /// The port stays reserved for [`FakeApiServer::restore`].
     pub fn refuse_connections(&self) {
         lock(&self.listener).take();
         if let Some(task) = lock(&self.accept_task).take() {
             task.abort();
+        }
+        match reserve(self.shared.addr) {
+            Ok(socket) => *lock(&self.reserved) = Some(socket),
+            Err(e) => {
+                tracing::warn!(addr = %self.shared.addr, error = %e, "cannot reserve the refused port")
+            }
         }
         self.drop_connections();
     }
@@ -372,6 +391,7 @@ impl FakeApiServer {
 
     /// The port may linger briefly in the kernel; retry for up to ~2 s.
     async fn rebind(&self) {
+        lock(&self.reserved).take();
         for _ in 0..100 {
             match bind(self.shared.addr) {
                 Ok(listener) => {
