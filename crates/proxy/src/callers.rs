@@ -9,9 +9,9 @@
 //! - offline nobody can judge a token, so the cache answers only tokens the apiserver accepted
 //!   before ([`VerifiedTokens`]): a 2xx answer to a request carrying the token marks it
 //!   verified, a 401 forgets it;
-//! - what a secure-port caller caches is kept in its own [`partition`] of its component's cache,
-//!   so a pod that claims to be `kubelet` in its User-Agent never reads kubelet's cached Secrets,
-//!   nor one service account another's.
+//! - what a secure-port caller caches is kept in its own partition of its component's cache
+//!   ([`SecureCaller`]), so a pod that claims to be `kubelet` in its User-Agent never reads
+//!   kubelet's cached Secrets, nor one service account another's.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -34,27 +34,34 @@ pub enum Entry {
 /// A SHA-256 digest of a bearer token: what is kept instead of the token.
 pub type TokenDigest = [u8; 32];
 
-/// The digest of the request's bearer token, if it carries one.
-pub fn token_digest(headers: &HeaderMap) -> Option<TokenDigest> {
-    let token = headers::bearer_token(headers)?;
-    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    digest.as_ref().try_into().ok()
+/// A caller of the secure port, as far as the hub can tell before the apiserver answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecureCaller {
+    /// The digest of its bearer token: what [`VerifiedTokens`] keeps.
+    pub token: TokenDigest,
+    /// Its partition of the cache: its service account (the `sub` claim of its token,
+    /// `system:serviceaccount:<ns>:<name>`, stable across token refreshes), or for a token that
+    /// is not a JWT, the token itself (a digest prefix).
+    ///
+    /// The claim is read without checking the signature, and that is enough: the cache keeps
+    /// only 2xx answers, which prove the apiserver accepted the token and so its claims, and
+    /// answers offline only tokens it accepted.
+    pub partition: String,
 }
 
-/// The cache partition of a secure-port caller: its service account (the `sub` claim of its
-/// token, `system:serviceaccount:<ns>:<name>`, stable across token refreshes), or for a token
-/// that is not a JWT, the token itself (a digest prefix).
-///
-/// The claim is read without checking the signature, and that is enough: the cache keeps only
-/// 2xx answers, which prove the apiserver accepted the token and so its claims, and answers
-/// offline only tokens it accepted.
-pub fn partition(headers: &HeaderMap) -> Option<String> {
-    let token = headers::bearer_token(headers)?;
-    if let Some(subject) = jwt_subject(token) {
-        return Some(subject);
+impl SecureCaller {
+    /// The caller behind the request's bearer token; `None` without one.
+    pub fn of(headers: &HeaderMap) -> Option<SecureCaller> {
+        let token = headers::bearer_token(headers)?;
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let token_digest: TokenDigest = digest.as_ref().try_into().ok()?;
+        let partition =
+            jwt_subject(token).unwrap_or_else(|| format!("token-{}", &to_hex(&token_digest)[..16]));
+        Some(SecureCaller {
+            token: token_digest,
+            partition,
+        })
     }
-    let digest = token_digest(headers)?;
-    Some(format!("token-{}", &to_hex(&digest)[..16]))
 }
 
 fn jwt_subject(token: &str) -> Option<String> {
@@ -210,6 +217,14 @@ mod tests {
             HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         );
         h
+    }
+
+    fn token_digest(headers: &HeaderMap) -> Option<TokenDigest> {
+        SecureCaller::of(headers).map(|c| c.token)
+    }
+
+    fn partition(headers: &HeaderMap) -> Option<String> {
+        SecureCaller::of(headers).map(|c| c.partition)
     }
 
     #[test]

@@ -37,7 +37,7 @@ use outpost_core::{RequestInfo, Status, Verb};
 use tracing::{debug, warn};
 
 use crate::body::{self, ProxyBody};
-use crate::callers::{self, Entry, VerifiedTokens};
+use crate::callers::{self, Entry, SecureCaller, VerifiedTokens};
 use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
@@ -45,6 +45,10 @@ use crate::headers;
 use crate::metrics::Metrics;
 use crate::route::{self, Route};
 use crate::upstream::Upstream;
+
+/// The secure port's answer to a request without a bearer token.
+const NO_BEARER_TOKEN: &str =
+    "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)";
 
 /// What every request handler shares.
 pub struct Pipeline {
@@ -74,20 +78,16 @@ impl Pipeline {
             Ok(info) => info,
             Err(err) => return self.respond(None, Err(err), started, None),
         };
+        // Only the secure port looks at who the caller is (the plain port is the node's own).
         let caller = match entry {
             Entry::Plain => None,
-            Entry::Secure => {
-                match callers::token_digest(req.headers()).zip(callers::partition(req.headers())) {
-                    Some(caller) => Some(caller),
-                    None => {
-                        let err = ProxyError::Unauthenticated(
-                        "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)"
-                            .into(),
-                    );
-                        return self.respond(Some(&info), Err(err), started, None);
-                    }
+            Entry::Secure => match SecureCaller::of(req.headers()) {
+                Some(caller) => Some(caller),
+                None => {
+                    let err = ProxyError::Unauthenticated(NO_BEARER_TOKEN.into());
+                    return self.respond(Some(&info), Err(err), started, None);
                 }
-            }
+            },
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
         let mut route = route::decide(
@@ -98,9 +98,9 @@ impl Pipeline {
             self.node_status.as_deref(),
             self.filtering.as_deref(),
         );
-        if let Some((token, partition)) = caller {
-            let verified = self.verified_tokens.knows(&token);
-            route = route.for_secure_caller(token, &partition, verified);
+        if let Some(caller) = caller {
+            let verified = self.verified_tokens.knows(&caller.token);
+            route = route.for_secure_caller(caller, verified);
         }
         let chain = route.filter.clone();
         let result = match (&self.edge, route.cache.clone()) {

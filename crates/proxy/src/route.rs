@@ -11,7 +11,7 @@ use outpost_core::RequestInfo;
 
 use outpost_filter::Chain;
 
-use crate::callers::TokenDigest;
+use crate::callers::{SecureCaller, TokenDigest};
 use crate::edge::{CachePlan, Edge};
 use crate::filtering::Filtering;
 use crate::headers;
@@ -49,18 +49,13 @@ impl Route {
     /// A caller on the secure port (see [`crate::callers`]): never one of kubelet's own
     /// requests; its cache is its own `partition`; offline, answered from the cache only when
     /// its token is verified.
-    pub fn for_secure_caller(
-        mut self,
-        token: TokenDigest,
-        partition: &str,
-        verified: bool,
-    ) -> Route {
+    pub fn for_secure_caller(mut self, caller: SecureCaller, verified: bool) -> Route {
         self.kubelet_lease = false;
         self.kubelet_status = false;
-        self.cache = self.cache.map(|plan| plan.in_partition(partition));
+        self.cache = self.cache.map(|plan| plan.in_partition(&caller.partition));
         self.cache_may_answer = verified;
         self.local &= verified;
-        self.token = Some(token);
+        self.token = Some(caller.token);
         self
     }
 }
@@ -143,11 +138,15 @@ mod tests {
         route.local = true;
         route.kubelet_lease = true;
         route.kubelet_status = true;
-        let verified = route.clone().for_secure_caller([1; 32], "sa", true);
+        let caller = |token| SecureCaller {
+            token,
+            partition: "sa".into(),
+        };
+        let verified = route.clone().for_secure_caller(caller([1; 32]), true);
         assert!(verified.local && verified.cache_may_answer);
         assert!(!verified.kubelet_lease && !verified.kubelet_status);
         assert_eq!(verified.token, Some([1; 32]));
-        let stranger = route.for_secure_caller([2; 32], "sa", false);
+        let stranger = route.for_secure_caller(caller([2; 32]), false);
         assert!(!stranger.local && !stranger.cache_may_answer);
     }
 

@@ -99,7 +99,7 @@ pub enum CachePlan {
 impl CachePlan {
     /// The same plan in a caller's own partition of its component's cache (`coredns@<caller>`):
     /// callers of the secure port never read what the node's components, or other callers,
-    /// cached under the same User-Agent (see [`crate::callers::partition`]).
+    /// cached under the same User-Agent (see [`crate::callers::SecureCaller::partition`]).
     pub fn in_partition(self, partition: &str) -> CachePlan {
         let partitioned = |component: &str| format!("{component}@{partition}");
         match self {
