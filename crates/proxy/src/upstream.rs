@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use outpost_certs::{IdentityInfo, UpstreamTls};
 use tokio::sync::watch;
@@ -182,11 +182,13 @@ impl Upstream {
         self.identity.send_replace(identity);
     }
 
-    fn client(&self, identity: Identity) -> HttpsClient {
+    /// Starts `req` on the current client for `identity`. The returned future owns what it
+    /// needs (hyper's client clones itself into it), so the lock is held only to start it.
+    fn start(&self, identity: Identity, req: Request<ProxyBody>) -> ResponseFuture {
         let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
         match identity {
-            Identity::Node => clients.node.clone(),
-            Identity::Bearer => clients.bearer.clone(),
+            Identity::Node => clients.node.request(req),
+            Identity::Bearer => clients.bearer.request(req),
         }
     }
 
@@ -233,8 +235,7 @@ impl Upstream {
         *req.uri_mut() = server
             .uri_for(&path_and_query)
             .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
-        let client = self.client(identity);
-        match tokio::time::timeout(deadline, client.request(req)).await {
+        match tokio::time::timeout(deadline, self.start(identity, req)).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(classify_client_error(server, &e)),
             Err(_elapsed) => Err(ProxyError::Timeout {
