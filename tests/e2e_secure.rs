@@ -113,6 +113,37 @@ async fn until_certified(hub: &HubProcess, ca_pem: &str) {
     );
 }
 
+/// The cluster CA and a hub started against `cluster` whose secure port presents its issued
+/// certificate.
+async fn certified_hub(cluster: &Cluster) -> (String, HubProcess) {
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let hub = cluster.start_hub();
+    until_certified(&hub, &ca).await;
+    (ca, hub)
+}
+
+/// Polls (bounded) until the cut-off hub answers `path` for `token` from its cache with a 200.
+async fn until_answered_offline(
+    hub: &HubProcess,
+    ca: &str,
+    path: &str,
+    token: &str,
+) -> RawResponse {
+    for _ in 0..100 {
+        let resp = https_get(hub.secure, ca, path, COREDNS, Some(token))
+            .await
+            .unwrap();
+        if resp.status == 200 {
+            return resp;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{path} was never answered from the cache; log:\n{}",
+        hub.log_text()
+    );
+}
+
 /// A kubeconfig as an in-cluster client sees it: the hub's secure address, the cluster CA and a
 /// bearer token.
 fn secure_kubeconfig(dir: &Path, hub: &HubProcess, ca_pem: &str, token: &str) -> PathBuf {
@@ -133,9 +164,7 @@ fn secure_kubeconfig(dir: &Path, hub: &HubProcess, ca_pem: &str, token: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_cluster_clients_reach_the_apiserver_with_their_own_tokens() {
     let cluster = Cluster::start().await;
-    let ca = cluster.fake.pki().ca_pem.clone();
-    let hub = cluster.start_hub();
-    until_certified(&hub, &ca).await;
+    let (ca, hub) = certified_hub(&cluster).await;
 
     // The certificate came from a kubelet-serving CSR the node made, and is kept on disk.
     let csrs = cluster
@@ -217,9 +246,7 @@ async fn offline_the_cache_answers_only_tokens_the_apiserver_accepted_even_after
     cluster
         .fake
         .add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
-    let ca = cluster.fake.pki().ca_pem.clone();
-    let hub = cluster.start_hub();
-    until_certified(&hub, &ca).await;
+    let (ca, hub) = certified_hub(&cluster).await;
 
     let services = "/api/v1/services";
     let online = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
@@ -235,18 +262,7 @@ async fn offline_the_cache_answers_only_tokens_the_apiserver_accepted_even_after
     assert!(online_names.contains(&"default/kubernetes".to_owned()));
 
     cluster.fake.refuse_connections();
-    let mut offline = None;
-    for _ in 0..100 {
-        let resp = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
-            .await
-            .unwrap();
-        if resp.status == 200 {
-            offline = Some(resp);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let offline = offline.expect("the verified token is answered from the cache offline");
+    let offline = until_answered_offline(&hub, &ca, services, ADMIN_TOKEN).await;
     assert_eq!(names(&offline.json()), online_names);
 
     let stranger = https_get(hub.secure, &ca, services, COREDNS, Some(OTHER_TOKEN))
@@ -384,9 +400,7 @@ print(json.dumps(sorted(s.metadata.namespace + "/" + s.metadata.name for s in se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_in_cluster_client_follows_the_rewritten_service_to_the_secure_port() {
     let cluster = Cluster::start().await;
-    let ca = cluster.fake.pki().ca_pem.clone();
-    let hub = cluster.start_hub();
-    until_certified(&hub, &ca).await;
+    let (ca, hub) = certified_hub(&cluster).await;
 
     // kubelet's Service informer sees `default/kubernetes` rewritten (masterservice) and kubelet
     // hands it to pods as KUBERNETES_SERVICE_HOST/PORT.
@@ -467,9 +481,7 @@ async fn exec_is_tunnelled_through_the_secure_port() {
         "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "busybox"}]}
     });
     cluster.fake.create("v1/pods", pod).unwrap();
-    let ca = cluster.fake.pki().ca_pem.clone();
-    let hub = cluster.start_hub();
-    until_certified(&hub, &ca).await;
+    let (ca, hub) = certified_hub(&cluster).await;
     let tcp = tokio::net::TcpStream::connect(hub.secure).await.unwrap();
     let mut tls = tls_client(&ca)
         .connect(ServerName::IpAddress(hub.secure.ip().into()), tcp)
@@ -503,9 +515,7 @@ async fn offline_a_caller_reads_only_its_own_cache_partition() {
     cluster
         .fake
         .add_token(OTHER_TOKEN, "other-admin", &["system:masters"]);
-    let ca = cluster.fake.pki().ca_pem.clone();
-    let hub = cluster.start_hub();
-    until_certified(&hub, &ca).await;
+    let (ca, hub) = certified_hub(&cluster).await;
     let kubelet = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
     let node_pods = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     let services = "/api/v1/services";
@@ -532,21 +542,8 @@ async fn offline_a_caller_reads_only_its_own_cache_partition() {
     assert_eq!(other.status, 200);
 
     cluster.fake.refuse_connections();
-    let mut own = None;
-    for _ in 0..100 {
-        let resp = https_get(hub.secure, &ca, services, COREDNS, Some(ADMIN_TOKEN))
-            .await
-            .unwrap();
-        if resp.status == 200 {
-            own = Some(resp);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        names(&own.expect("its own list, from the cache").json()),
-        names(&listed.json())
-    );
+    let own = until_answered_offline(&hub, &ca, services, ADMIN_TOKEN).await;
+    assert_eq!(names(&own.json()), names(&listed.json()));
     // The same User-Agent with another verified token: not the first caller's list.
     let foreign = https_get(hub.secure, &ca, services, COREDNS, Some(OTHER_TOKEN))
         .await

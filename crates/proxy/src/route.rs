@@ -103,38 +103,29 @@ mod tests {
         RequestInfo::classify(&Method::GET, url, Some("kubectl/v1.32")).unwrap()
     }
 
+    /// The route of a GET of `url` with `headers`, on a hub without edge mode or filters.
+    fn bare(url: &str, headers: &HeaderMap) -> Route {
+        decide(&info(url), headers, None, None, None, None)
+    }
+
     #[test]
     fn bearer_callers_keep_their_identity() {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_static("Bearer t0k3n"));
-        let r = decide(&info("/api/v1/pods"), &h, None, None, None, None);
+        let r = bare("/api/v1/pods", &h);
         assert_eq!(r.identity, Identity::Bearer);
         assert!(!r.tunnel);
     }
 
     #[test]
     fn others_go_as_the_node() {
-        let r = decide(
-            &info("/api/v1/pods"),
-            &HeaderMap::new(),
-            None,
-            None,
-            None,
-            None,
-        );
+        let r = bare("/api/v1/pods", &HeaderMap::new());
         assert_eq!(r.identity, Identity::Node);
     }
 
     #[test]
     fn a_secure_caller_is_never_kubelet_and_unverified_it_is_not_answered_locally() {
-        let mut route = decide(
-            &info("/api/v1/pods"),
-            &HeaderMap::new(),
-            None,
-            None,
-            None,
-            None,
-        );
+        let mut route = bare("/api/v1/pods", &HeaderMap::new());
         route.local = true;
         route.kubelet_lease = true;
         route.kubelet_status = true;
@@ -155,14 +146,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("connection", HeaderValue::from_static("Upgrade"));
         h.insert("upgrade", HeaderValue::from_static("SPDY/3.1"));
-        let r = decide(
-            &info("/api/v1/namespaces/d/pods/p/exec?command=sh"),
-            &h,
-            None,
-            None,
-            None,
-            None,
-        );
+        let r = bare("/api/v1/namespaces/d/pods/p/exec?command=sh", &h);
         assert!(r.tunnel);
     }
 }
