@@ -112,8 +112,17 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     assert_eq!(node.json()["metadata"]["name"], NODE);
     assert_eq!(node.json()["kind"], "Node");
 
-    let list = until_cached(&hub, &pods_path).await;
-    let list = list.json();
+    let listed = until_cached(&hub, &pods_path).await;
+    let relisted = kubelet_get(&hub, &pods_path).await;
+    assert_eq!(relisted.body, listed.body, "an unchanged cache: the same answer");
+    // Whole answers declare their length, as the apiserver's do (no chunked framing), whether
+    // read from the store or reused from memory.
+    for resp in [&node, &listed, &relisted] {
+        let length = resp.body.len().to_string();
+        assert_eq!(resp.header("content-length"), Some(length.as_str()));
+        assert_eq!(resp.header("transfer-encoding"), None);
+    }
+    let list = listed.json();
     assert_eq!(list["kind"], "PodList");
     assert_eq!(list["metadata"]["resourceVersion"], list_rv);
     assert_eq!(names(&list), ["a", "b", "c"]);

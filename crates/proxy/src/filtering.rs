@@ -142,7 +142,9 @@ impl Filtering {
             warn!(kind = chain.kind(), error = %e, "response body not decodable; passed unfiltered");
         }
         let out = outcome.into_bytes(bytes);
-        parts.headers.remove(header::CONTENT_LENGTH);
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, out.len().into());
         Ok(Response::from_parts(parts, body::full(out)))
     }
 
@@ -575,7 +577,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_list_is_filtered_whole_and_loses_its_content_length() {
+    async fn a_list_is_filtered_whole_and_declares_its_new_length() {
         let metrics = Metrics::new();
         let f = filtering(&metrics);
         let info = kube_proxy("/apis/discovery.k8s.io/v1/endpointslices");
@@ -590,9 +592,11 @@ mod tests {
             .apply(f.chain(&info).unwrap(), Verb::List, resp)
             .await
             .unwrap();
-        assert!(out.headers().get(header::CONTENT_LENGTH).is_none());
+        let declared = out.headers()[header::CONTENT_LENGTH].clone();
         let got = text(out).await;
         assert!(got.contains("edge-1") && !got.contains("edge-2"), "{got}");
+        assert!(got.len() < list.len());
+        assert_eq!(declared, got.len().to_string().as_str());
     }
 
     #[tokio::test]
