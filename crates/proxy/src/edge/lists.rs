@@ -5,11 +5,13 @@
 //! no trip to the blocking pool, no sled read, no checksum over the same megabyte. It is keyed by
 //! the query and tagged with [`Store::write_seq`] as noted *before* the read, so any write since
 //! (an event, a relist, a quarantine, a compaction) makes it miss and the store is read again.
-//! Answers that are kept share their bytes with the cache's buffers; the memo holds at most
-//! [`MAX_BYTES`] of them.
+//! Answers that are kept share their objects with the cache's buffers; the first reuse renders
+//! the unpaged answer into one buffer, which hyper writes in one go. The memo holds at most
+//! [`MAX_BYTES`], counting both.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use bytes::Bytes;
 use outpost_cache::{ListResult, Scope, Store};
 
 use super::kinds::KindInfo;
@@ -17,9 +19,34 @@ use super::offline;
 use crate::error::ProxyError;
 
 /// The covered list of a scope and its kind, shared.
-pub type Covered = Arc<(ListResult, KindInfo)>;
+pub type Covered = Arc<Listed>;
 
-/// Object bytes the memo may keep alive.
+/// A scope's cached list as read at one point of the cache's history.
+pub struct Listed {
+    pub result: ListResult,
+    pub kind: KindInfo,
+    /// The unpaged answer as one buffer, rendered when first reused from memory: hyper writes
+    /// it in one go instead of an item at a time, and the first answer after a read does not
+    /// pay for a copy that may never be used again.
+    whole: OnceLock<Bytes>,
+}
+
+impl Listed {
+    pub fn new(result: ListResult, kind: KindInfo) -> Listed {
+        Listed {
+            result,
+            kind,
+            whole: OnceLock::new(),
+        }
+    }
+
+    /// The unpaged answer, rendered by `render` once and shared by every answer after.
+    pub fn whole_body(&self, render: impl FnOnce(&Listed) -> Bytes) -> Bytes {
+        self.whole.get_or_init(|| render(self)).clone()
+    }
+}
+
+/// Bytes the memo may keep alive: each answer's objects and their rendering in one buffer.
 pub const MAX_BYTES: usize = 4 << 20;
 
 struct Kept {
@@ -27,6 +54,13 @@ struct Kept {
     seq: u64,
     bytes: usize,
     answer: Covered,
+}
+
+/// Where [`ListMemo::covered`] found its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Memory,
+    Store,
 }
 
 #[derive(Default)]
@@ -41,14 +75,15 @@ impl ListMemo {
         &self,
         store: &Arc<dyn Store>,
         query: Scope,
-    ) -> Result<Covered, ProxyError> {
+    ) -> Result<(Covered, Source), ProxyError> {
         let seq = store.write_seq();
         if let Some(answer) = self.lookup(&query, seq) {
-            return Ok(answer);
+            return Ok((answer, Source::Memory));
         }
-        let answer: Covered = Arc::new(offline::covered_list(store, query.clone()).await?);
+        let (result, kind) = offline::covered_list(store, query.clone()).await?;
+        let answer: Covered = Arc::new(Listed::new(result, kind));
         self.keep(query, seq, answer.clone());
-        Ok(answer)
+        Ok((answer, Source::Store))
     }
 
     fn lookup(&self, query: &Scope, seq: u64) -> Option<Covered> {
@@ -60,7 +95,8 @@ impl ListMemo {
 
     /// Keeps `answer`, dropping what is out of date and then the oldest until it fits.
     fn keep(&self, query: Scope, seq: u64, answer: Covered) {
-        let bytes: usize = answer.0.items.iter().map(|o| o.bytes.len()).sum();
+        let objects: usize = answer.result.items.iter().map(|o| o.bytes.len()).sum();
+        let bytes = 2 * objects;
         if bytes > MAX_BYTES {
             return;
         }
@@ -93,7 +129,7 @@ mod tests {
 
     fn names(covered: &Covered) -> Vec<String> {
         covered
-            .0
+            .result
             .items
             .iter()
             .map(|o| {
@@ -112,14 +148,16 @@ mod tests {
             .replace_scope(&kubelet, "5", &[&pod("a", "4")])
             .unwrap();
         let memo = ListMemo::default();
-        let first = memo.covered(&store, kubelet.clone()).await.unwrap();
-        let again = memo.covered(&store, kubelet.clone()).await.unwrap();
+        let (first, source) = memo.covered(&store, kubelet.clone()).await.unwrap();
+        assert_eq!(source, Source::Store);
+        let (again, source) = memo.covered(&store, kubelet.clone()).await.unwrap();
         assert!(Arc::ptr_eq(&first, &again), "unchanged cache: from memory");
+        assert_eq!(source, Source::Memory);
 
         // A write anywhere, here to another component's scope, moves the cache on.
         let proxy = Scope::unfiltered("kube-proxy", &pods(), None);
         store.replace_scope(&proxy, "6", &[&pod("z", "6")]).unwrap();
-        let after_other = memo.covered(&store, kubelet.clone()).await.unwrap();
+        let (after_other, _) = memo.covered(&store, kubelet.clone()).await.unwrap();
         assert!(
             !Arc::ptr_eq(&first, &after_other),
             "read again after a write"
@@ -128,9 +166,9 @@ mod tests {
         store
             .apply_event(&kubelet, outpost_cache::EventType::Added, &pod("b", "7"))
             .unwrap();
-        let after_event = memo.covered(&store, kubelet.clone()).await.unwrap();
+        let (after_event, _) = memo.covered(&store, kubelet.clone()).await.unwrap();
         assert_eq!(names(&after_event), ["a", "b"], "never a stale answer");
-        let proxy_list = memo.covered(&store, proxy).await.unwrap();
+        let (proxy_list, _) = memo.covered(&store, proxy).await.unwrap();
         assert_eq!(names(&proxy_list), ["z"], "answers are kept per query");
     }
 
@@ -151,12 +189,16 @@ mod tests {
                 items: vec![object],
                 missing: Vec::new(),
             };
-            Arc::new((list, KindInfo::from_list("PodList", "v1").unwrap()))
+            Arc::new(Listed::new(
+                list,
+                KindInfo::from_list("PodList", "v1").unwrap(),
+            ))
         };
         let scope = |ns: &str| Scope::unfiltered("kubelet", &pods(), Some(ns));
-        memo.keep(scope("a"), 1, big(MAX_BYTES / 2));
-        memo.keep(scope("b"), 1, big(MAX_BYTES / 2));
-        memo.keep(scope("c"), 1, big(MAX_BYTES / 2));
+        // Each answer counts twice: its objects, and their rendering in one buffer.
+        memo.keep(scope("a"), 1, big(MAX_BYTES / 4));
+        memo.keep(scope("b"), 1, big(MAX_BYTES / 4));
+        memo.keep(scope("c"), 1, big(MAX_BYTES / 4));
         assert!(memo.lookup(&scope("a"), 1).is_none(), "the oldest went");
         assert!(memo.lookup(&scope("b"), 1).is_some());
         assert!(memo.lookup(&scope("c"), 1).is_some());
@@ -165,7 +207,7 @@ mod tests {
             memo.lookup(&scope("c"), 1).is_none(),
             "out of date: dropped"
         );
-        memo.keep(scope("e"), 2, big(MAX_BYTES + 1));
+        memo.keep(scope("e"), 2, big(MAX_BYTES / 2 + 1));
         assert!(memo.lookup(&scope("e"), 2).is_none(), "too big to keep");
     }
 }

@@ -22,7 +22,7 @@ use outpost_core::RequestInfo;
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{self, KindInfo};
-use super::lists::ListMemo;
+use super::lists::{ListMemo, Source};
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 
@@ -44,7 +44,7 @@ pub fn json_response(body: impl Into<Bytes>, content_type: &str) -> Response<Pro
 }
 
 /// A response from the cache: its content type and the `x-outpost-served-from` mark.
-fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody> {
+pub fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     let headers = resp.headers_mut();
     headers.insert(
@@ -90,9 +90,13 @@ pub async fn list(
         None => None,
         Some(token) => Some(ContinueToken::decode(token)?),
     };
-    let covered = lists.covered(store, scope).await?;
-    let (result, kind) = &*covered;
+    let (covered, source) = lists.covered(store, scope).await?;
+    let (result, kind) = (&covered.result, &covered.kind);
     let page = Page::of(result, start.as_ref(), page_limit(info));
+    if source == Source::Memory && page.is_whole(result) {
+        let body = covered.whole_body(|l| list_chunks(&l.kind, &l.result, &page).concat().into());
+        return Ok(json_response(body, "application/json"));
+    }
     Ok(json_response_in_pieces(list_chunks(kind, result, &page)))
 }
 
@@ -222,6 +226,13 @@ impl Page {
             range: first..end,
             next,
         }
+    }
+}
+
+impl Page {
+    /// Every item, no continue: the same bytes whatever the request's paging.
+    fn is_whole(&self, result: &ListResult) -> bool {
+        self.range == (0..result.items.len()) && self.next.is_none()
     }
 }
 
@@ -395,6 +406,40 @@ mod tests {
 
     fn pod_kind() -> KindInfo {
         KindInfo::from_list("PodList", "v1").unwrap()
+    }
+
+    async fn answer(memo: &ListMemo, store: &Arc<dyn Store>, query: &str) -> (Option<u64>, Bytes) {
+        use http_body_util::BodyExt;
+        let info =
+            RequestInfo::classify(&http::Method::GET, &format!("/api/v1/pods?{query}"), None)
+                .unwrap();
+        let scope = Scope::unfiltered("kubelet", &Gvr::new("", "v1", "pods"), None);
+        let resp = list(memo, store, scope, &info).await.unwrap();
+        let length = http_body::Body::size_hint(resp.body()).exact();
+        (length, resp.into_body().collect().await.unwrap().to_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_list_reused_from_memory_is_one_buffer_with_the_same_bytes() {
+        let store: Arc<dyn Store> = Arc::new(outpost_cache::MemStore::new());
+        let scope = Scope::unfiltered("kubelet", &Gvr::new("", "v1", "pods"), None);
+        let pods: Vec<Vec<u8>> = (0..3)
+            .map(|i| object("d", &format!("p{i}")).bytes.to_vec())
+            .collect();
+        let items: Vec<&[u8]> = pods.iter().map(Vec::as_slice).collect();
+        store.replace_scope(&scope, "42", &items).unwrap();
+        let memo = ListMemo::default();
+
+        let (pieces, first) = answer(&memo, &store, "").await;
+        assert_eq!(pieces, None, "read from the store: sent in pieces");
+        let (whole, again) = answer(&memo, &store, "limit=500&resourceVersion=0").await;
+        assert_eq!(whole, Some(first.len() as u64), "from memory: one buffer");
+        assert_eq!(again, first);
+        let (paged, page) = answer(&memo, &store, "limit=2").await;
+        assert_eq!(paged, None, "a page is assembled from the items");
+        let page: Value = serde_json::from_slice(&page).unwrap();
+        assert_eq!(page["items"].as_array().unwrap().len(), 2);
+        assert!(page["metadata"]["continue"].is_string());
     }
 
     #[test]

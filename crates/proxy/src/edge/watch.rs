@@ -57,9 +57,9 @@ pub async fn serve(
     let initial_events = q.send_initial_events.unwrap_or(from.is_none());
     let kind;
     let start = if initial_events {
-        let covered = lists.covered(store, scope.clone()).await?;
-        let (list, list_kind) = &*covered;
-        kind = list_kind.clone();
+        let (covered, _) = lists.covered(store, scope.clone()).await?;
+        let list = &covered.result;
+        kind = covered.kind.clone();
         let rv = list.resource_version.as_str().to_owned();
         let mut lines: Vec<Bytes> = list
             .items
@@ -90,9 +90,10 @@ pub async fn serve(
         let line = rx.recv().await?;
         Some((Ok::<_, BoxError>(Frame::data(line)), rx))
     });
-    let mut resp = offline::json_response(Bytes::new(), "application/json");
-    *resp.body_mut() = StreamBody::new(frames).boxed();
-    Ok(resp)
+    Ok(offline::cache_response(
+        StreamBody::new(frames).boxed(),
+        "application/json",
+    ))
 }
 
 async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<Start, ProxyError> {
