@@ -114,7 +114,10 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
 
     let listed = until_cached(&hub, &pods_path).await;
     let relisted = kubelet_get(&hub, &pods_path).await;
-    assert_eq!(relisted.body, listed.body, "an unchanged cache: the same answer");
+    assert_eq!(
+        relisted.body, listed.body,
+        "an unchanged cache: the same answer"
+    );
     // Whole answers declare their length, as the apiserver's do (no chunked framing), whether
     // read from the store or reused from memory.
     for resp in [&node, &listed, &relisted] {
