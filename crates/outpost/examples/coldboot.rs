@@ -42,6 +42,7 @@ use serde_json::{Value, json};
 const NODE: &str = "edge-1";
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/x";
 const KUBE_PROXY_UA: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/x";
+const KUBE_PROXY_TOKEN: &str = "coldboot-kube-proxy";
 /// What kubelet and kube-proxy really send.
 const ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
 /// The list measured at cold boot, as kubelet's pod reflector re-lists.
@@ -73,6 +74,13 @@ fn main() -> Result<()> {
     );
     fake.apply_rbac(&outpost_testkit::manifest::load_yaml(rbac)?)
         .map_err(|s| anyhow!("hub RBAC: {}", s.message))?;
+    // kube-proxy goes with its service account's token, as in a cluster; the node may not list
+    // EndpointSlices.
+    fake.add_token(
+        KUBE_PROXY_TOKEN,
+        "system:serviceaccount:kube-system:kube-proxy",
+        &["system:serviceaccounts", "system:authenticated"],
+    );
     let dir = tempfile::tempdir()?;
     let files = fake
         .pki()
@@ -659,8 +667,13 @@ fn http_get(addr: SocketAddr, path: &str, agent: &str) -> Result<Response> {
 fn exchange(mut stream: TcpStream, path: &str, agent: &str) -> Result<Response> {
     stream.set_read_timeout(Some(DEADLINE))?;
     stream.set_nodelay(true)?;
+    let auth = if agent == KUBE_PROXY_UA {
+        format!("Authorization: Bearer {KUBE_PROXY_TOKEN}\r\n")
+    } else {
+        String::new()
+    };
     let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: {agent}\r\nAccept: {ACCEPT}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: {agent}\r\nAccept: {ACCEPT}\r\n{auth}Connection: close\r\n\r\n"
     );
     stream.write_all(req.as_bytes())?;
     let mut buf = Vec::new();
