@@ -257,7 +257,7 @@ impl<H: Handler> Reflector<H> {
         let name = self.document();
         let doc = tokio::task::spawn_blocking(move || store.get_document(&name)).await;
         let Ok(Ok(Some(doc))) = doc else { return };
-        match parse_list(&doc) {
+        match gunzip(&doc).and_then(|doc| parse_list(&doc)) {
             Ok((objects, rv)) => {
                 // Serve from the copy (not written back), but list afresh from the cloud: the
                 // copy may be old.
@@ -268,14 +268,22 @@ impl<H: Handler> Reflector<H> {
         }
     }
 
-    /// Keeps the objects in the cache (edge mode) as one list document.
+    /// Keeps the objects in the cache (edge mode) as one list document, gzipped: a large value
+    /// costs sled memory and copies out of proportion to its size (1,000 Services, 0.75 MB of
+    /// JSON, kept 4–5 MiB more of the hub's RSS than not saving at all; gzipped it is ≈1/10).
     async fn save(&self) {
         let Some(store) = self.store.clone() else {
             return;
         };
         let doc = list_document(&self.objects, &self.resource_version);
         let name = self.document();
-        let saved = tokio::task::spawn_blocking(move || store.put_document(&name, &doc)).await;
+        let saved = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let packed = gzip(&doc).map_err(|e| e.to_string())?;
+            store
+                .put_document(&name, &packed)
+                .map_err(|e| e.to_string())
+        })
+        .await;
         if let Ok(Err(e)) = saved {
             warn!(resource = %self.name, error = %e, "cannot keep side data in the edge cache");
         }
@@ -347,6 +355,35 @@ fn parse_list(bytes: &[u8]) -> Result<(BTreeMap<String, Bytes>, String), ProxyEr
         );
     }
     Ok((objects, list.metadata.resource_version))
+}
+
+/// gzip's first two bytes; a list document (JSON) starts with `{`.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// No saved document grows past this when unpacked (a damaged one must not exhaust memory).
+const MAX_UNPACKED: u64 = 256 << 20;
+
+fn gzip(doc: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut packed = flate2::write::GzEncoder::new(
+        Vec::with_capacity(doc.len() / 8),
+        flate2::Compression::fast(),
+    );
+    packed.write_all(doc)?;
+    packed.finish()
+}
+
+/// The saved document unpacked; one an older hub saved unpacked is taken as it is.
+fn gunzip(doc: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ProxyError> {
+    use std::io::Read;
+    if !doc.starts_with(&GZIP_MAGIC) {
+        return Ok(std::borrow::Cow::Borrowed(doc));
+    }
+    let mut unpacked = Vec::new();
+    flate2::read::GzDecoder::new(doc)
+        .take(MAX_UNPACKED)
+        .read_to_end(&mut unpacked)
+        .map_err(|e| bad_reply(format!("saved side data: {e}")))?;
+    Ok(std::borrow::Cow::Owned(unpacked))
 }
 
 /// The objects as a list body that [`parse_list`] reads back.
@@ -445,5 +482,34 @@ mod tests {
         assert_eq!((again, rv_again), (objects, rv));
         assert!(parse_list(b"{\"items\":[1]}").is_err());
         assert!(parse_list(b"nope").is_err());
+    }
+
+    #[test]
+    fn saved_documents_are_gzipped_and_unpacked_ones_of_older_hubs_still_read() {
+        let objects: BTreeMap<String, Bytes> = (0..200)
+            .map(|i| {
+                let svc = format!(r#"{{"metadata":{{"name":"svc-{i}","namespace":"shop"}},"spec":{{"type":"ClusterIP","ports":[{{"port":8080}}]}}}}"#);
+                (format!("shop/svc-{i}"), Bytes::from(svc))
+            })
+            .collect();
+        let doc = list_document(&objects, "42");
+        let packed = gzip(&doc).unwrap();
+        assert!(packed.starts_with(&GZIP_MAGIC));
+        assert!(
+            packed.len() < doc.len() / 5,
+            "{} of {}",
+            packed.len(),
+            doc.len()
+        );
+        let (again, rv) = parse_list(&gunzip(&packed).unwrap()).unwrap();
+        assert_eq!((again, rv.as_str()), (objects, "42"));
+        assert_eq!(
+            &*gunzip(&doc).unwrap(),
+            &doc[..],
+            "an unpacked document is taken as it is"
+        );
+        let mut damaged = packed.clone();
+        damaged.truncate(packed.len() / 2);
+        assert!(gunzip(&damaged).is_err());
     }
 }
