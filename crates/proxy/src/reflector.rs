@@ -275,10 +275,11 @@ impl<H: Handler> Reflector<H> {
         let Some(store) = self.store.clone() else {
             return;
         };
-        let doc = list_document(&self.objects, &self.resource_version);
+        let objects: Vec<Bytes> = self.objects.values().cloned().collect();
+        let rv = self.resource_version.clone();
         let name = self.document();
         let saved = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let packed = gzip(&doc).map_err(|e| e.to_string())?;
+            let packed = packed_list_document(&objects, &rv).map_err(|e| e.to_string())?;
             store
                 .put_document(&name, &packed)
                 .map_err(|e| e.to_string())
@@ -362,13 +363,14 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// No saved document grows past this when unpacked (a damaged one must not exhaust memory).
 const MAX_UNPACKED: u64 = 256 << 20;
 
-fn gzip(doc: &[u8]) -> std::io::Result<Vec<u8>> {
-    use std::io::Write;
+/// The objects as a list document, gzipped as it is written (no unpacked copy in between).
+fn packed_list_document(objects: &[Bytes], rv: &str) -> std::io::Result<Vec<u8>> {
+    let unpacked: usize = objects.iter().map(|o| o.len() + 1).sum();
     let mut packed = flate2::write::GzEncoder::new(
-        Vec::with_capacity(doc.len() / 8),
+        Vec::with_capacity(unpacked / 8),
         flate2::Compression::fast(),
     );
-    packed.write_all(doc)?;
+    write_list_document(&mut packed, objects, rv)?;
     packed.finish()
 }
 
@@ -386,20 +388,22 @@ fn gunzip(doc: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ProxyError> {
     Ok(std::borrow::Cow::Owned(unpacked))
 }
 
-/// The objects as a list body that [`parse_list`] reads back.
-fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Bytes {
-    let mut out = Vec::with_capacity(objects.values().map(|o| o.len() + 1).sum::<usize>() + 64);
-    out.extend_from_slice(br#"{"metadata":{"resourceVersion":"#);
-    out.extend_from_slice(serde_json::Value::from(rv).to_string().as_bytes());
-    out.extend_from_slice(br#"},"items":["#);
-    for (i, object) in objects.values().enumerate() {
+/// Writes the objects as a list body that [`parse_list`] reads back.
+fn write_list_document(
+    out: &mut impl std::io::Write,
+    objects: &[Bytes],
+    rv: &str,
+) -> std::io::Result<()> {
+    out.write_all(br#"{"metadata":{"resourceVersion":"#)?;
+    out.write_all(serde_json::Value::from(rv).to_string().as_bytes())?;
+    out.write_all(br#"},"items":["#)?;
+    for (i, object) in objects.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            out.write_all(b",")?;
         }
-        out.extend_from_slice(object);
+        out.write_all(object)?;
     }
-    out.extend_from_slice(b"]}");
-    Bytes::from(out)
+    out.write_all(b"]}")
 }
 
 /// The hub's own GETs (get, list, watch) to the cloud, as the node: who asks, and how a failure
@@ -468,6 +472,14 @@ fn bad_reply(cause: String) -> ProxyError {
 mod tests {
     use super::*;
 
+    /// The document unpacked, as older hubs saved it.
+    fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Vec<u8> {
+        let objects: Vec<Bytes> = objects.values().cloned().collect();
+        let mut doc = Vec::new();
+        write_list_document(&mut doc, &objects, rv).unwrap();
+        doc
+    }
+
     #[test]
     fn lists_round_trip_through_the_cached_document() {
         let body = br#"{"kind":"ServiceList","metadata":{"resourceVersion":"42"},"items":[
@@ -493,7 +505,8 @@ mod tests {
             })
             .collect();
         let doc = list_document(&objects, "42");
-        let packed = gzip(&doc).unwrap();
+        let values: Vec<Bytes> = objects.values().cloned().collect();
+        let packed = packed_list_document(&values, "42").unwrap();
         assert!(packed.starts_with(&GZIP_MAGIC));
         assert!(
             packed.len() < doc.len() / 5,

@@ -227,9 +227,7 @@ impl Page {
             next,
         }
     }
-}
 
-impl Page {
     /// Every item, no continue: the same bytes whatever the request's paging.
     fn is_whole(&self, result: &ListResult) -> bool {
         self.range == (0..result.items.len()) && self.next.is_none()
