@@ -694,3 +694,43 @@ async fn admin_pods(admin: std::net::SocketAddr) -> Vec<String> {
     assert_eq!(list["kind"], "PodList");
     names(&list)
 }
+
+/// After a burst of work (here: kubelet listing 1,000 pods, parsed and written to the cache) the
+/// hub gives the memory the burst freed back to the kernel (glibc keeps it otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_burst_the_hub_gives_freed_memory_back() {
+    let cluster = Cluster::start().await;
+    let padding = "x".repeat(2048);
+    for i in 0..1000 {
+        let mut p = pod(&format!("burst-{i:04}"), NODE, "web");
+        p["metadata"]["annotations"] = json!({ "example.com/padding": padding });
+        cluster.fake.create("v1/pods", p).unwrap();
+    }
+    let hub = cluster.start_hub();
+    let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    for _ in 0..3 {
+        let list = kubelet_get(&hub, &scope).await;
+        assert_eq!(list.status, 200);
+        assert_eq!(names(&list.json()).len(), 1000);
+    }
+    let metric = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text =
+            String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned();
+        let trims = metric(&text, "outpost_memory_trims_total");
+        let given_back = metric(&text, "outpost_memory_trimmed_bytes_total");
+        if trims >= 1 && given_back >= 1 << 20 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no trim gave back at least 1 MiB after the burst: {trims} trims, {given_back} bytes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

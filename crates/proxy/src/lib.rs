@@ -17,6 +17,7 @@
 //! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
+//! - [`memory`]: freed memory given back to the kernel after bursts (glibc's `malloc_trim`).
 //! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`.
 //! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
 
@@ -29,6 +30,7 @@ pub mod filtering;
 pub mod headers;
 pub mod health;
 pub mod hubcfg;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod reflector;
@@ -245,6 +247,10 @@ impl Hub {
             None => None,
         };
         readiness.config = Some(cfg_watch.sync_state());
+        tasks.push(tokio::spawn(memory::trim_after_bursts(
+            metrics.clone(),
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
         let local_lease = match (&heartbeat, &config.health.heartbeat) {
             (Some(hb), Some(c)) => Some(health::local_lease::LocalLease::new(

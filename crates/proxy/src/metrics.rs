@@ -4,8 +4,8 @@
 //! the first `/`), not the full User-Agent, to keep cardinality bounded.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Handles to every metric the proxy updates.
@@ -42,6 +42,9 @@ pub struct Metrics {
     pub kubelet_healthz_ok: IntGauge,
     /// Filtered responses (and changed watch events) by kind, shape and outcome.
     pub filtered: IntCounterVec,
+    /// Trims that gave memory freed by a burst back to the kernel, and how much they gave.
+    pub memory_trims: IntCounter,
+    pub memory_trimmed_bytes: IntCounter,
 }
 
 impl Metrics {
@@ -188,6 +191,16 @@ impl Metrics {
             &["kind", "shape", "outcome"],
         )
         .expect("valid metric definition");
+        let memory_trims = IntCounter::new(
+            "outpost_memory_trims_total",
+            "Times the hub gave memory freed by a burst of work back to the kernel (malloc_trim).",
+        )
+        .expect("valid metric definition");
+        let memory_trimmed_bytes = IntCounter::new(
+            "outpost_memory_trimmed_bytes_total",
+            "Anonymous resident memory those trims gave back to the kernel.",
+        )
+        .expect("valid metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
@@ -207,6 +220,8 @@ impl Metrics {
             Box::new(lease_renewals.clone()),
             Box::new(kubelet_healthz_ok.clone()),
             Box::new(filtered.clone()),
+            Box::new(memory_trims.clone()),
+            Box::new(memory_trimmed_bytes.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -230,6 +245,8 @@ impl Metrics {
             lease_renewals,
             kubelet_healthz_ok,
             filtered,
+            memory_trims,
+            memory_trimmed_bytes,
         }
     }
 
