@@ -257,6 +257,27 @@ async fn servicetopology_keeps_the_nodes_and_pools_endpoints_for_kube_proxy_and_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(nodes, [NODE], "the new annotation applies live");
+
+    // And an annotation removed: the hub forgets the Service, and its endpoints go unfiltered.
+    let mut by_host = cluster
+        .fake
+        .get("v1/services", Some("shop"), "by-host")
+        .unwrap();
+    by_host["metadata"]["annotations"] = json!({ "example.com/owner": "shop" });
+    cluster.fake.update("v1/services", by_host).unwrap();
+    for _ in 0..100 {
+        let list = ok_json(&call(&hub, &path, KUBE_PROXY, true).await, "after removal");
+        nodes = endpoint_nodes(item(&list, "shop", "by-host-abc"));
+        if nodes.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        nodes,
+        [NODE, "edge-2", "edge-3"],
+        "the removal applies live"
+    );
     hub.terminate();
 }
 

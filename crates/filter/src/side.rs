@@ -13,7 +13,12 @@ use crate::DecodeError;
 /// The Node label that names the node's pool when `--nodepool-name` is not given.
 pub const NODE_POOL_LABEL: &str = "apps.openyurt.io/nodepool";
 
-/// What the filters need of one Service.
+/// The Service annotations a filter reads (servicetopology's). A Service with none of them needs
+/// no side data: in a cluster without topology-aware Services the hub keeps nothing of the
+/// 1,000 Services it watches.
+pub const SERVICE_ANNOTATIONS: &[&str] = &[crate::filters::TOPOLOGY_KEYS];
+
+/// What the filters need of one Service: its [`SERVICE_ANNOTATIONS`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceEntry {
     pub namespace: String,
@@ -22,14 +27,35 @@ pub struct ServiceEntry {
 }
 
 impl ServiceEntry {
-    /// Reads a Service object (a GET body, a list item or a watch event's object).
+    /// Reads a Service object (a GET body, a list item or a watch event's object), keeping the
+    /// annotations a filter reads.
     pub fn from_json(body: &[u8]) -> Result<ServiceEntry, DecodeError> {
         let obj: Object = serde_json::from_slice(body)?;
+        let mut annotations = obj.metadata.annotations.unwrap_or_default();
+        annotations.retain(|key, _| SERVICE_ANNOTATIONS.contains(&key.as_str()));
         Ok(ServiceEntry {
             namespace: obj.metadata.namespace,
             name: obj.metadata.name,
-            annotations: obj.metadata.annotations.unwrap_or_default(),
+            annotations,
         })
+    }
+
+    /// Whether a filter reads anything of this Service.
+    pub fn matters(&self) -> bool {
+        !self.annotations.is_empty()
+    }
+
+    /// The smallest Service object that [`ServiceEntry::from_json`] reads back as this entry:
+    /// what the hub keeps, and saves for an offline start, instead of the whole object.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "metadata": {
+                "namespace": self.namespace,
+                "name": self.name,
+                "annotations": self.annotations,
+            }
+        }))
+        .expect("strings and a map of strings serialize")
     }
 }
 
@@ -105,9 +131,32 @@ mod tests {
             entry.annotations["openyurt.io/topologyKeys"],
             "openyurt.io/nodepool"
         );
+        assert!(entry.matters());
         let bare =
             ServiceEntry::from_json(br#"{"metadata":{"name":"a","namespace":"b"}}"#).unwrap();
         assert!(bare.annotations.is_empty());
+        assert!(!bare.matters());
+    }
+
+    #[test]
+    fn a_service_keeps_only_what_a_filter_reads_and_reads_back_the_same() {
+        let svc = br#"{"kind":"Service","metadata":{"name":"web","namespace":"shop","annotations":{
+            "meta.helm.sh/release-name":"shop","openyurt.io/topologyKeys":"kubernetes.io/hostname"}},
+            "spec":{"clusterIP":"10.96.0.10","ports":[{"port":80}]}}"#;
+        let entry = ServiceEntry::from_json(svc).unwrap();
+        assert_eq!(
+            entry.annotations.keys().collect::<Vec<_>>(),
+            ["openyurt.io/topologyKeys"]
+        );
+        let kept = entry.to_json();
+        assert!(
+            kept.len() < svc.len() / 2,
+            "{}",
+            String::from_utf8_lossy(&kept)
+        );
+        assert_eq!(ServiceEntry::from_json(&kept).unwrap(), entry);
+        let helm_only = br#"{"metadata":{"name":"a","namespace":"b","annotations":{"meta.helm.sh/release-name":"a"}}}"#;
+        assert!(!ServiceEntry::from_json(helm_only).unwrap().matters());
     }
 
     #[test]

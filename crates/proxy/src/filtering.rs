@@ -393,6 +393,9 @@ impl Handler for Box<dyn Handler> {
     fn remove(&mut self, object: &[u8]) {
         (**self).remove(object)
     }
+    fn keep(&self, object: &[u8]) -> Option<Bytes> {
+        (**self).keep(object)
+    }
 }
 
 /// Changes the shared context in place (cloned first only while a filter call holds it).
@@ -400,7 +403,8 @@ fn edit(ctx: &watch::Sender<Arc<FilterContext>>, change: impl FnOnce(&mut Filter
     ctx.send_modify(|c| change(Arc::make_mut(c)));
 }
 
-/// Service annotations, for servicetopology.
+/// Service annotations, for servicetopology: only of the Services that carry one a filter reads
+/// (the others need nothing, and are neither kept nor saved).
 struct Services(watch::Sender<Arc<FilterContext>>);
 
 impl Handler for Services {
@@ -408,6 +412,7 @@ impl Handler for Services {
         let entries: Vec<ServiceEntry> = objects
             .values()
             .filter_map(|o| ServiceEntry::from_json(o).ok())
+            .filter(ServiceEntry::matters)
             .collect();
         edit(&self.0, |ctx| {
             ctx.clear_services();
@@ -417,14 +422,39 @@ impl Handler for Services {
         });
     }
     fn upsert(&mut self, object: &[u8]) {
-        if let Ok(e) = ServiceEntry::from_json(object) {
-            edit(&self.0, |ctx| {
+        let Ok(e) = ServiceEntry::from_json(object) else {
+            return;
+        };
+        let known = self
+            .0
+            .borrow()
+            .service_annotations(&e.namespace, &e.name)
+            .is_some();
+        match (e.matters(), known) {
+            (true, _) => edit(&self.0, |ctx| {
                 ctx.insert_service(e.namespace, e.name, e.annotations);
-            });
+            }),
+            // The annotation was removed: forget the Service.
+            (false, true) => edit(&self.0, |ctx| {
+                ctx.remove_service(&e.namespace, &e.name);
+            }),
+            (false, false) => {}
         }
     }
+    fn keep(&self, object: &[u8]) -> Option<Bytes> {
+        let entry = ServiceEntry::from_json(object).ok()?;
+        entry.matters().then(|| Bytes::from(entry.to_json()))
+    }
     fn remove(&mut self, object: &[u8]) {
-        if let Ok(e) = ServiceEntry::from_json(object) {
+        let Ok(e) = ServiceEntry::from_json(object) else {
+            return;
+        };
+        if self
+            .0
+            .borrow()
+            .service_annotations(&e.namespace, &e.name)
+            .is_some()
+        {
             edit(&self.0, |ctx| {
                 ctx.remove_service(&e.namespace, &e.name);
             });
@@ -514,6 +544,45 @@ pub async fn apply_hub_cfg(mut config: watch::Receiver<Arc<HubCfg>>, filtering: 
 mod tests {
     use super::*;
     use http_body_util::StreamBody;
+
+    #[test]
+    fn the_services_handler_keeps_only_services_a_filter_reads() {
+        let ctx = watch::Sender::new(Arc::new(FilterContext::new("edge-1")));
+        let mut services = Services(ctx.clone());
+        let annotated = br#"{"kind":"Service","metadata":{"namespace":"shop","name":"web","annotations":{"openyurt.io/topologyKeys":"kubernetes.io/hostname","meta.helm.sh/release-name":"shop"}},"spec":{"clusterIP":"10.96.0.7"}}"#;
+        let plain = br#"{"kind":"Service","metadata":{"namespace":"shop","name":"db","annotations":{"meta.helm.sh/release-name":"shop"}},"spec":{"clusterIP":"10.96.0.8"}}"#;
+
+        assert_eq!(
+            services.keep(plain),
+            None,
+            "nothing of a plain Service is kept"
+        );
+        let kept = services
+            .keep(annotated)
+            .expect("an annotated Service is kept");
+        let text = String::from_utf8_lossy(&kept);
+        assert!(
+            !text.contains("clusterIP") && !text.contains("helm"),
+            "only what a filter reads is kept: {text}"
+        );
+        let objects = BTreeMap::from([("shop/web".to_owned(), kept)]);
+        services.replace(&objects);
+        let annotations = |name: &str| ctx.borrow().service_annotations("shop", name).cloned();
+        assert_eq!(
+            annotations("web").unwrap()["openyurt.io/topologyKeys"],
+            "kubernetes.io/hostname",
+            "the kept copy reads back"
+        );
+
+        services.upsert(plain);
+        assert_eq!(annotations("db"), None);
+        let unannotated = br#"{"metadata":{"namespace":"shop","name":"web","annotations":{}}}"#;
+        services.upsert(unannotated);
+        assert_eq!(annotations("web"), None, "annotation removed: forgotten");
+        services.upsert(annotated);
+        services.remove(annotated);
+        assert_eq!(annotations("web"), None);
+    }
 
     fn filtering(metrics: &Metrics) -> Filtering {
         let ctx = FilterContext::new("edge-1").with_service(

@@ -43,6 +43,11 @@ pub trait Handler: Send + Sync + 'static {
     fn upsert(&mut self, object: &[u8]);
     /// An object was deleted.
     fn remove(&mut self, object: &[u8]);
+    /// What the reflector keeps of an object, to hand to `replace` again after a restart (the
+    /// saved copy): `None` when nothing of it matters to the handler. By default, all of it.
+    fn keep(&self, object: &[u8]) -> Option<Bytes> {
+        Some(Bytes::copy_from_slice(object))
+    }
 }
 
 /// One resource kept in sync.
@@ -148,7 +153,7 @@ impl<H: Handler> Reflector<H> {
             )));
         }
         let bytes = OWN.collect(resp.into_body()).await?;
-        let (objects, rv) = parse_list(&bytes)?;
+        let (objects, rv) = parse_list(&bytes, |o| self.handler.keep(o))?;
         self.apply_list(objects, rv, "cloud");
         self.save().await;
         Ok(())
@@ -218,8 +223,10 @@ impl<H: Handler> Reflector<H> {
         match event.event_type {
             "ADDED" | "MODIFIED" => {
                 self.handler.upsert(object);
-                self.objects
-                    .insert(meta.key(), Bytes::copy_from_slice(object));
+                match self.handler.keep(object) {
+                    Some(kept) => self.objects.insert(meta.key(), kept),
+                    None => self.objects.remove(&meta.key()),
+                };
             }
             "DELETED" => {
                 self.handler.remove(object);
@@ -257,7 +264,7 @@ impl<H: Handler> Reflector<H> {
         let name = self.document();
         let doc = tokio::task::spawn_blocking(move || store.get_document(&name)).await;
         let Ok(Ok(Some(doc))) = doc else { return };
-        match gunzip(&doc).and_then(|doc| parse_list(&doc)) {
+        match gunzip(&doc).and_then(|doc| parse_list(&doc, |o| self.handler.keep(o))) {
             Ok((objects, rv)) => {
                 // Serve from the copy (not written back), but list afresh from the cloud: the
                 // copy may be old.
@@ -268,9 +275,10 @@ impl<H: Handler> Reflector<H> {
         }
     }
 
-    /// Keeps the objects in the cache (edge mode) as one list document, gzipped: a large value
-    /// costs sled memory and copies out of proportion to its size (1,000 Services, 0.75 MB of
-    /// JSON, kept 4–5 MiB more of the hub's RSS than not saving at all; gzipped it is ≈1/10).
+    /// Keeps what the handler kept of the objects in the cache (edge mode) as one list document,
+    /// gzipped: a large value costs sled memory and copies out of proportion to its size (1,000
+    /// whole Services, 0.75 MB of JSON, kept 4–5 MiB more of the hub's RSS than not saving at
+    /// all; gzipped it is ≈1/10).
     async fn save(&self) {
         let Some(store) = self.store.clone() else {
             return;
@@ -342,18 +350,21 @@ impl ObjectMeta {
     }
 }
 
-/// The items of a list body by `namespace/name`, and the list's resourceVersion.
-fn parse_list(bytes: &[u8]) -> Result<(BTreeMap<String, Bytes>, String), ProxyError> {
+/// What `keep` keeps of the items of a list body, by `namespace/name`, and the list's
+/// resourceVersion.
+fn parse_list(
+    bytes: &[u8],
+    keep: impl Fn(&[u8]) -> Option<Bytes>,
+) -> Result<(BTreeMap<String, Bytes>, String), ProxyError> {
     let list: List<'_> =
         serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("list: {e}")))?;
     let mut objects = BTreeMap::new();
     for item in list.items {
         let meta: Object =
             serde_json::from_str(item.get()).map_err(|e| bad_reply(format!("list item: {e}")))?;
-        objects.insert(
-            meta.metadata.key(),
-            Bytes::copy_from_slice(item.get().as_bytes()),
-        );
+        if let Some(kept) = keep(item.get().as_bytes()) {
+            objects.insert(meta.metadata.key(), kept);
+        }
     }
     Ok((objects, list.metadata.resource_version))
 }
@@ -472,6 +483,10 @@ fn bad_reply(cause: String) -> ProxyError {
 mod tests {
     use super::*;
 
+    fn keep_all(object: &[u8]) -> Option<Bytes> {
+        Some(Bytes::copy_from_slice(object))
+    }
+
     /// The document unpacked, as older hubs saved it.
     fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Vec<u8> {
         let objects: Vec<Bytes> = objects.values().cloned().collect();
@@ -486,14 +501,14 @@ mod tests {
             {"metadata":{"name":"b","namespace":"x","resourceVersion":"40"}},
             {"metadata":{"name":"a","namespace":"x"}},
             {"metadata":{"name":"pool"}}]}"#;
-        let (objects, rv) = parse_list(body).unwrap();
+        let (objects, rv) = parse_list(body, keep_all).unwrap();
         assert_eq!(rv, "42");
         assert_eq!(objects.keys().collect::<Vec<_>>(), ["/pool", "x/a", "x/b"]);
         let doc = list_document(&objects, &rv);
-        let (again, rv_again) = parse_list(&doc).unwrap();
+        let (again, rv_again) = parse_list(&doc, keep_all).unwrap();
         assert_eq!((again, rv_again), (objects, rv));
-        assert!(parse_list(b"{\"items\":[1]}").is_err());
-        assert!(parse_list(b"nope").is_err());
+        assert!(parse_list(b"{\"items\":[1]}", keep_all).is_err());
+        assert!(parse_list(b"nope", keep_all).is_err());
     }
 
     #[test]
@@ -514,7 +529,7 @@ mod tests {
             packed.len(),
             doc.len()
         );
-        let (again, rv) = parse_list(&gunzip(&packed).unwrap()).unwrap();
+        let (again, rv) = parse_list(&gunzip(&packed).unwrap(), keep_all).unwrap();
         assert_eq!((again, rv.as_str()), (objects, "42"));
         assert_eq!(
             &*gunzip(&doc).unwrap(),

@@ -25,6 +25,7 @@ pub use masterservice::MasterService;
 pub use nodeportisolation::NodePortIsolation;
 pub use serviceenvupdater::ServiceEnvUpdater;
 pub use servicetopology::ServiceTopology;
+pub use servicetopology::TOPOLOGY_KEYS;
 
 /// Every filter, in registration (= application) order.
 pub static ALL: [&dyn Filter; 7] = [

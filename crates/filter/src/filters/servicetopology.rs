@@ -18,7 +18,7 @@ use crate::head::Head;
 use crate::splice::splice_items;
 use crate::{FilterContext, Rewrite};
 
-const TOPOLOGY_KEYS: &str = "openyurt.io/topologyKeys";
+pub const TOPOLOGY_KEYS: &str = "openyurt.io/topologyKeys";
 const TOPOLOGY_NODE: &str = "kubernetes.io/hostname";
 const TOPOLOGY_POOL: &str = "openyurt.io/nodepool";
 /// yurthub treats the zone key as the pool key: it never reads zone labels.
