@@ -9,10 +9,12 @@
 //! back on a timer; glibc has to be asked.
 //!
 //! [`trim_after_bursts`] reads the process's anonymous resident memory every [`TICK`]. When it has
-//! grown by [`GROWTH`] since the last trim and then held (nearly) still for a tick
-//! ([`BurstWatch`]), the burst is over and a trim runs on the blocking pool. A trim holds each arena's lock while it
-//! walks that arena, 0.1–2 ms after a full-node relist, so it runs once after a burst and not on
-//! every tick.
+//! grown by [`GROWTH`] since the last trim, then held (nearly) still for a tick in which the hub
+//! answered no request and applied no cache write ([`BurstWatch`], [`note_work`]), the burst is over and a trim
+//! runs on the blocking pool. A trim holds each arena's lock while it walks that arena (0.04–2 ms
+//! measured) and the memory it returns is faulted in again by the next burst: trimming while the
+//! cache writer was busy cost a watch with the cache on ≈1.5 % of its throughput
+//! (`benches/edge.rs`), so a busy hub is never trimmed.
 //!
 //! Rejected, measured: fixing glibc's mmap threshold so that large buffers always get their own
 //! mapping (returned on free). Warmed RSS fell to 34 MiB, but every large buffer then costs a
@@ -21,6 +23,7 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 use tracing::debug;
 
@@ -53,13 +56,14 @@ impl BurstWatch {
         }
     }
 
-    /// Takes this tick's reading; true when memory has grown by [`GROWTH`] and held still.
-    pub fn burst_ended(&mut self, anon: u64) -> bool {
+    /// Takes this tick's reading and whether the hub was idle during the tick; true when memory
+    /// has grown by [`GROWTH`] and held still while the hub was idle.
+    pub fn burst_ended(&mut self, anon: u64, idle: bool) -> bool {
         self.baseline = self.baseline.min(anon);
         let grown = anon.saturating_sub(self.baseline);
         let this_tick = anon.saturating_sub(self.previous);
         self.previous = anon;
-        grown >= GROWTH && this_tick <= STILL.max(grown / STILL_FRACTION)
+        idle && grown >= GROWTH && this_tick <= STILL.max(grown / STILL_FRACTION)
     }
 
     /// A trim ran and left `anon` resident: later growth is measured from there.
@@ -75,6 +79,7 @@ pub async fn trim_after_bursts(metrics: Metrics, mut shutdown: watch::Receiver<b
         return;
     };
     let mut bursts = BurstWatch::new(first);
+    let mut activity = work_done();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -85,7 +90,10 @@ pub async fn trim_after_bursts(metrics: Metrics, mut shutdown: watch::Receiver<b
         let Some(before) = anon_resident_bytes() else {
             return;
         };
-        if !bursts.burst_ended(before) {
+        let done = work_done();
+        let idle = done == activity;
+        activity = done;
+        if !bursts.burst_ended(before, idle) {
             continue;
         }
         let Ok(after) = tokio::task::spawn_blocking(|| {
@@ -104,6 +112,20 @@ pub async fn trim_after_bursts(metrics: Metrics, mut shutdown: watch::Receiver<b
             .inc_by(before.saturating_sub(after));
         debug!(before, after, "returned freed memory to the kernel");
     }
+}
+
+/// Requests answered and cache writes applied by every hub in the process: memory is
+/// process-wide, so idleness is too (the benches run two hubs side by side).
+static WORK: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one request answered or one cache write applied.
+pub fn note_work() {
+    WORK.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Work done so far: a tick in which this did not move was idle.
+fn work_done() -> u64 {
+    WORK.load(Ordering::Relaxed)
 }
 
 /// The process's anonymous resident memory (`RssAnon`), in bytes; `None` without procfs.
@@ -148,17 +170,45 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    impl BurstWatch {
+        fn burst_ended_idle(&mut self, anon: u64) -> bool {
+            self.burst_ended(anon, true)
+        }
+    }
+
+    #[test]
+    fn a_busy_hub_is_not_trimmed() {
+        let mut watch = BurstWatch::new(10 * MIB);
+        assert!(!watch.burst_ended(30 * MIB, false));
+        assert!(
+            !watch.burst_ended(30 * MIB, false),
+            "still, but the writer is busy"
+        );
+        assert!(watch.burst_ended(30 * MIB, true), "still and idle");
+    }
+
+    #[test]
+    fn work_is_counted_process_wide() {
+        let before = work_done();
+        note_work();
+        note_work();
+        assert!(work_done() >= before + 2);
+    }
+
     #[test]
     fn a_burst_is_trimmed_once_memory_holds_still() {
         let mut watch = BurstWatch::new(10 * MIB);
-        assert!(!watch.burst_ended(12 * MIB), "2 MiB is not a burst");
-        assert!(!watch.burst_ended(20 * MIB), "still growing");
-        assert!(watch.burst_ended(20 * MIB), "grown 10 MiB and still");
+        assert!(!watch.burst_ended_idle(12 * MIB), "2 MiB is not a burst");
+        assert!(!watch.burst_ended_idle(20 * MIB), "still growing");
+        assert!(watch.burst_ended_idle(20 * MIB), "grown 10 MiB and still");
         watch.trimmed(11 * MIB);
-        assert!(!watch.burst_ended(11 * MIB), "nothing new since the trim");
-        assert!(!watch.burst_ended(14 * MIB));
         assert!(
-            !watch.burst_ended(14 * MIB),
+            !watch.burst_ended_idle(11 * MIB),
+            "nothing new since the trim"
+        );
+        assert!(!watch.burst_ended_idle(14 * MIB));
+        assert!(
+            !watch.burst_ended_idle(14 * MIB),
             "3 MiB since the trim is not a burst"
         );
     }
@@ -166,10 +216,13 @@ mod tests {
     #[test]
     fn growth_is_measured_from_the_lowest_reading() {
         let mut watch = BurstWatch::new(20 * MIB);
-        assert!(!watch.burst_ended(12 * MIB), "memory went down by itself");
-        assert!(!watch.burst_ended(17 * MIB), "growing");
         assert!(
-            watch.burst_ended(17 * MIB),
+            !watch.burst_ended_idle(12 * MIB),
+            "memory went down by itself"
+        );
+        assert!(!watch.burst_ended_idle(17 * MIB), "growing");
+        assert!(
+            watch.burst_ended_idle(17 * MIB),
             "5 MiB above the low point, and still"
         );
     }
@@ -177,9 +230,9 @@ mod tests {
     #[test]
     fn slow_drift_within_a_tick_counts_as_still() {
         let mut watch = BurstWatch::new(10 * MIB);
-        assert!(!watch.burst_ended(15 * MIB));
+        assert!(!watch.burst_ended_idle(15 * MIB));
         assert!(
-            watch.burst_ended(15 * MIB + STILL),
+            watch.burst_ended_idle(15 * MIB + STILL),
             "a quarter MiB per tick is still"
         );
     }
@@ -189,16 +242,16 @@ mod tests {
         // Readings of a hub warmed by a full node's relists (coldboot, KiB): the writer goes on
         // applying the lists at ≈0.6 MiB/s after the requests end.
         let mut watch = BurstWatch::new(1800 * 1024);
-        assert!(!watch.burst_ended(4396 * 1024), "start-up, 2.5 MiB");
-        assert!(!watch.burst_ended(30148 * 1024), "the relists");
+        assert!(!watch.burst_ended_idle(4396 * 1024), "start-up, 2.5 MiB");
+        assert!(!watch.burst_ended_idle(30148 * 1024), "the relists");
         assert!(
-            watch.burst_ended(30732 * 1024),
+            watch.burst_ended_idle(30732 * 1024),
             "0.6 MiB more against 28 MiB grown"
         );
         watch.trimmed(15 * 1024 * 1024);
-        assert!(!watch.burst_ended(15 * 1024 * 1024 + 600 * 1024));
+        assert!(!watch.burst_ended_idle(15 * 1024 * 1024 + 600 * 1024));
         assert!(
-            !watch.burst_ended(24 * MIB),
+            !watch.burst_ended_idle(24 * MIB),
             "9 MiB in one tick is a new burst, not a tail"
         );
     }

@@ -350,6 +350,7 @@ impl Pipeline {
                 &code.to_string(),
             ])
             .inc();
+        crate::memory::note_work();
         self.metrics
             .latency
             .with_label_values(&[verb])
