@@ -9,9 +9,9 @@
 //! back on a timer; glibc has to be asked.
 //!
 //! [`trim_after_bursts`] reads the process's anonymous resident memory every [`TICK`]. When it has
-//! grown by [`GROWTH`] since the last trim, then held (nearly) still for a tick in which the hub
-//! answered no request and applied no cache write ([`BurstWatch`], [`note_work`]), the burst is over and a trim
-//! runs on the blocking pool. A trim holds each arena's lock while it walks that arena (0.04–2 ms
+//! grown by [`GROWTH`] since the last trim, then held (nearly) still for a tick in which no hub
+//! in the process answered a request or applied a cache write ([`BurstWatch`], [`note_work`]),
+//! the burst is over and a trim runs on the blocking pool. A trim holds each arena's lock while it walks that arena (0.04–2 ms
 //! measured) and the memory it returns is faulted in again by the next burst: trimming while the
 //! cache writer was busy cost a watch with the cache on ≈1.5 % of its throughput
 //! (`benches/edge.rs`), so a busy hub is never trimmed.
@@ -21,9 +21,9 @@
 //! fresh mapping and its page faults: in `benches/edge.rs` (hub and client in one process) the
 //! offline LIST of 110 pods went from 439 to 571 µs.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
 use tracing::debug;
 
@@ -35,9 +35,9 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub const GROWTH: u64 = 4 << 20;
 /// Growth within one tick under which memory holds still, whatever the burst's size.
 pub const STILL: u64 = 256 << 10;
-/// Memory also holds still when a tick adds less than this fraction of the burst's growth: the
-/// cache writer applies a relist's objects for seconds after the requests end, at ≈0.6 MiB/s
-/// against the burst's ≈26 MiB, and that tail should not put the trim off.
+/// Memory also holds still when a tick adds less than this fraction of the burst's growth: after
+/// a full node's relists it goes on growing for seconds, at ≈0.6 MiB/s against the burst's
+/// ≈26 MiB, and that tail should not put the trim off.
 pub const STILL_FRACTION: u64 = 8;
 
 /// Decides, from one reading per tick, when a burst has ended that is worth a trim.
@@ -239,8 +239,8 @@ mod tests {
 
     #[test]
     fn the_tail_of_a_large_burst_does_not_put_the_trim_off() {
-        // Readings of a hub warmed by a full node's relists (coldboot, KiB): the writer goes on
-        // applying the lists at ≈0.6 MiB/s after the requests end.
+        // Readings of a hub warmed by a full node's relists (coldboot, KiB): memory goes on
+        // growing at ≈0.6 MiB/s after the requests end.
         let mut watch = BurstWatch::new(1800 * 1024);
         assert!(!watch.burst_ended_idle(4396 * 1024), "start-up, 2.5 MiB");
         assert!(!watch.burst_ended_idle(30148 * 1024), "the relists");
