@@ -407,6 +407,22 @@ fn edit(ctx: &watch::Sender<Arc<FilterContext>>, change: impl FnOnce(&mut Filter
 /// (the others need nothing, and are neither kept nor saved).
 struct Services(watch::Sender<Arc<FilterContext>>);
 
+impl Services {
+    /// Drops a Service the context knows (a send only when something changes).
+    fn forget(&self, e: &ServiceEntry) {
+        let known = self
+            .0
+            .borrow()
+            .service_annotations(&e.namespace, &e.name)
+            .is_some();
+        if known {
+            edit(&self.0, |ctx| {
+                ctx.remove_service(&e.namespace, &e.name);
+            });
+        }
+    }
+}
+
 impl Handler for Services {
     fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
         let entries: Vec<ServiceEntry> = objects
@@ -425,20 +441,13 @@ impl Handler for Services {
         let Ok(e) = ServiceEntry::from_json(object) else {
             return;
         };
-        let known = self
-            .0
-            .borrow()
-            .service_annotations(&e.namespace, &e.name)
-            .is_some();
-        match (e.matters(), known) {
-            (true, _) => edit(&self.0, |ctx| {
+        if e.matters() {
+            edit(&self.0, |ctx| {
                 ctx.insert_service(e.namespace, e.name, e.annotations);
-            }),
-            // The annotation was removed: forget the Service.
-            (false, true) => edit(&self.0, |ctx| {
-                ctx.remove_service(&e.namespace, &e.name);
-            }),
-            (false, false) => {}
+            });
+        } else {
+            // The annotation was removed (or never there): nothing to keep.
+            self.forget(&e);
         }
     }
     fn keep(&self, object: &[u8]) -> Option<Bytes> {
@@ -446,18 +455,8 @@ impl Handler for Services {
         entry.matters().then(|| Bytes::from(entry.to_json()))
     }
     fn remove(&mut self, object: &[u8]) {
-        let Ok(e) = ServiceEntry::from_json(object) else {
-            return;
-        };
-        if self
-            .0
-            .borrow()
-            .service_annotations(&e.namespace, &e.name)
-            .is_some()
-        {
-            edit(&self.0, |ctx| {
-                ctx.remove_service(&e.namespace, &e.name);
-            });
+        if let Ok(e) = ServiceEntry::from_json(object) {
+            self.forget(&e);
         }
     }
 }

@@ -46,8 +46,13 @@ pub trait Handler: Send + Sync + 'static {
     /// What the reflector keeps of an object, to hand to `replace` again after a restart (the
     /// saved copy): `None` when nothing of it matters to the handler. By default, all of it.
     fn keep(&self, object: &[u8]) -> Option<Bytes> {
-        Some(Bytes::copy_from_slice(object))
+        keep_whole(object)
     }
+}
+
+/// The default [`Handler::keep`]: the whole object.
+pub fn keep_whole(object: &[u8]) -> Option<Bytes> {
+    Some(Bytes::copy_from_slice(object))
 }
 
 /// One resource kept in sync.
@@ -483,10 +488,6 @@ fn bad_reply(cause: String) -> ProxyError {
 mod tests {
     use super::*;
 
-    fn keep_all(object: &[u8]) -> Option<Bytes> {
-        Some(Bytes::copy_from_slice(object))
-    }
-
     /// The document unpacked, as older hubs saved it.
     fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Vec<u8> {
         let objects: Vec<Bytes> = objects.values().cloned().collect();
@@ -501,14 +502,14 @@ mod tests {
             {"metadata":{"name":"b","namespace":"x","resourceVersion":"40"}},
             {"metadata":{"name":"a","namespace":"x"}},
             {"metadata":{"name":"pool"}}]}"#;
-        let (objects, rv) = parse_list(body, keep_all).unwrap();
+        let (objects, rv) = parse_list(body, keep_whole).unwrap();
         assert_eq!(rv, "42");
         assert_eq!(objects.keys().collect::<Vec<_>>(), ["/pool", "x/a", "x/b"]);
         let doc = list_document(&objects, &rv);
-        let (again, rv_again) = parse_list(&doc, keep_all).unwrap();
+        let (again, rv_again) = parse_list(&doc, keep_whole).unwrap();
         assert_eq!((again, rv_again), (objects, rv));
-        assert!(parse_list(b"{\"items\":[1]}", keep_all).is_err());
-        assert!(parse_list(b"nope", keep_all).is_err());
+        assert!(parse_list(b"{\"items\":[1]}", keep_whole).is_err());
+        assert!(parse_list(b"nope", keep_whole).is_err());
     }
 
     #[test]
@@ -529,7 +530,7 @@ mod tests {
             packed.len(),
             doc.len()
         );
-        let (again, rv) = parse_list(&gunzip(&packed).unwrap(), keep_all).unwrap();
+        let (again, rv) = parse_list(&gunzip(&packed).unwrap(), keep_whole).unwrap();
         assert_eq!((again, rv.as_str()), (objects, "42"));
         assert_eq!(
             &*gunzip(&doc).unwrap(),
