@@ -10,7 +10,8 @@
 //!
 //! [`trim_after_bursts`] reads the process's anonymous resident memory every [`TICK`]. When it has
 //! grown by [`GROWTH`] since the last trim, then held (nearly) still for a tick in which no hub
-//! in the process answered a request or applied a cache write ([`BurstWatch`], [`note_work`]),
+//! in the process answered a request, sent a frame of a response body (a watch streams for
+//! minutes) or applied a cache write ([`BurstWatch`], [`note_work`]),
 //! the burst is over and a trim runs on the blocking pool. A trim holds each arena's lock while it walks that arena (0.04–2 ms
 //! measured) and the memory it returns is faulted in again by the next burst: trimming while the
 //! cache writer was busy cost a watch with the cache on ≈1.5 % of its throughput
@@ -114,17 +115,17 @@ pub async fn trim_after_bursts(metrics: Metrics, mut shutdown: watch::Receiver<b
     }
 }
 
-/// Requests answered and cache writes applied by every hub in the process: memory is
-/// process-wide, so idleness is too (the benches run two hubs side by side).
+/// Requests answered, response frames sent and cache writes applied by every hub in the
+/// process: memory is process-wide, so idleness is too (the benches run two hubs side by side).
 static WORK: AtomicU64 = AtomicU64::new(0);
 
-/// Counts one request answered or one cache write applied.
+/// Counts one request answered, one response frame sent or one cache write applied.
 pub fn note_work() {
     WORK.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Work done so far: a tick in which this did not move was idle.
-fn work_done() -> u64 {
+pub(crate) fn work_done() -> u64 {
     WORK.load(Ordering::Relaxed)
 }
 

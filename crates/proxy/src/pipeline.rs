@@ -366,16 +366,7 @@ impl Pipeline {
         in_flight: Option<InFlight>,
     ) -> Response<ProxyBody> {
         let bytes = self.metrics.response_bytes.with_label_values(&[component]);
-        resp.map(|b| {
-            b.map_frame(move |frame| {
-                let _still_in_flight = &in_flight;
-                if let Some(data) = frame.data_ref() {
-                    bytes.inc_by(data.len() as u64);
-                }
-                frame
-            })
-            .boxed()
-        })
+        resp.map(|b| counted(b, bytes, in_flight))
     }
 
     fn count_upstream_error(&self, server: &str, err: &ProxyError) {
@@ -384,6 +375,25 @@ impl Pipeline {
             .with_label_values(&[server, err.kind()])
             .inc();
     }
+}
+
+/// `body`, counting its bytes as it goes out and keeping the request in flight until it ends.
+/// Each data frame is work for [`crate::memory`]: a hub streaming a watch is busy long after
+/// its request was counted, and must not be trimmed meanwhile.
+fn counted(
+    body: ProxyBody,
+    bytes: prometheus::IntCounter,
+    in_flight: Option<InFlight>,
+) -> ProxyBody {
+    body.map_frame(move |frame| {
+        let _still_in_flight = &in_flight;
+        if let Some(data) = frame.data_ref() {
+            bytes.inc_by(data.len() as u64);
+            crate::memory::note_work();
+        }
+        frame
+    })
+    .boxed()
 }
 
 /// Gives a whole body the hub made itself (a cached object, a Status, a lease answered
@@ -531,6 +541,24 @@ mod tests {
         resp.headers()
             .get(header::CONTENT_LENGTH)
             .map(|v| v.to_str().unwrap())
+    }
+
+    /// Other tests in the process count work too, so only a floor can be checked; without the
+    /// count, they would have to add 1,000 units during the stream for this to pass.
+    #[tokio::test]
+    async fn a_streamed_body_counts_as_work_frame_by_frame() {
+        const FRAMES: u64 = 1_000;
+        let frames = (0..FRAMES).map(|_| Ok(http_body::Frame::data(Bytes::from_static(b"x\n"))));
+        let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed();
+        let bytes = prometheus::IntCounter::new("bytes", "test").unwrap();
+        let before = crate::memory::work_done();
+        let body = counted(stream, bytes.clone(), None)
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(body.to_bytes().len() as u64, 2 * FRAMES);
+        assert_eq!(bytes.get(), 2 * FRAMES);
+        assert!(crate::memory::work_done() >= before + FRAMES);
     }
 
     #[test]
