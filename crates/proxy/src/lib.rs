@@ -42,11 +42,12 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use error::ProxyError;
 pub use metrics::Metrics;
@@ -124,6 +125,35 @@ pub struct Hub {
     secure_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Edge mode: the cache writes to finish before the hub stops.
+    cache: Option<CacheDrain>,
+}
+
+/// How long a stopping hub waits for the cache writer to apply what was queued. Normally
+/// milliseconds; kubelet gives a static pod 30 s to stop.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// The cache writes a stopping hub owes its clients: what it passed on just before it was told
+/// to stop (a relist, the last watch events) must be in the cache when the node restarts
+/// without the cloud.
+struct CacheDrain {
+    writer: edge::Writer,
+    store: Arc<dyn outpost_cache::Store>,
+}
+
+impl CacheDrain {
+    async fn finish(self) {
+        if !self.writer.caught_up(SHUTDOWN_DRAIN).await {
+            warn!(
+                waited_s = SHUTDOWN_DRAIN.as_secs(),
+                "stopping with cache writes still queued; they are lost and the next relist repairs the cache"
+            );
+        }
+        let store = self.store;
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
+            warn!(error = %e, "final cache flush failed");
+        }
+    }
 }
 
 impl Hub {
@@ -287,6 +317,10 @@ impl Hub {
                 .map(callers::VerifiedTokens::load)
                 .unwrap_or_default(),
         );
+        let cache = edge.as_ref().map(|e| CacheDrain {
+            writer: e.writer().clone(),
+            store: e.store().clone(),
+        });
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),
@@ -338,6 +372,7 @@ impl Hub {
                 tasks.extend([proxy_task, admin_task]);
                 tasks
             },
+            cache,
         })
     }
 
@@ -354,11 +389,15 @@ impl Hub {
         self.secure_addr
     }
 
-    /// Stops accepting, lets open connections finish within the grace period, and returns.
+    /// Stops accepting, lets open connections finish within the grace period, applies the
+    /// cache writes they left queued (bounded by [`SHUTDOWN_DRAIN`]), and returns.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+        if let Some(cache) = self.cache {
+            cache.finish().await;
         }
         info!("hub stopped");
     }

@@ -13,7 +13,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use outpost_certs::UpstreamTls;
-use outpost_proxy::{Hub, HubConfig, LbMode, Server, UpstreamConfig};
+use outpost_proxy::Hub;
 use outpost_testkit::TestPki;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -21,6 +21,8 @@ use rustls::server::WebPkiClientVerifier;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+mod common;
 
 /// An HTTPS upstream that answers every request with a JSON echo of it.
 async fn echo_upstream(pki: &TestPki) -> SocketAddr {
@@ -133,25 +135,10 @@ async fn hub_for(upstream: SocketAddr, pki: &TestPki) -> (Hub, tempfile::TempDir
     let dir = tempfile::tempdir().unwrap();
     let files = pki.write_node_files(dir.path(), "edge-1").unwrap();
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt).unwrap();
-    let hub = Hub::start(HubConfig {
-        node_name: "edge-1".into(),
-        proxy_addr: "127.0.0.1:0".parse().unwrap(),
-        admin_addr: "127.0.0.1:0".parse().unwrap(),
-        upstream: UpstreamConfig {
-            servers: vec![Server::parse(&format!("https://{upstream}")).unwrap()],
-            lb_mode: LbMode::RoundRobin,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(10),
-            tls,
-        },
-        edge: None,
-        namespace: "kube-system".into(),
-        health: outpost_proxy::health::HealthConfig::default(),
-        filters: None,
-        secure: None,
-    })
-    .await
-    .unwrap();
+    let upstream = format!("https://{upstream}");
+    let hub = Hub::start(common::hub_config(&upstream, tls, None))
+        .await
+        .unwrap();
     (hub, dir)
 }
 

@@ -78,6 +78,10 @@ impl Edge {
         &self.store
     }
 
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
     pub fn health(&self) -> &Arc<ServerStates> {
         &self.health
     }
