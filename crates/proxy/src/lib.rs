@@ -47,7 +47,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::info;
 
 pub use error::ProxyError;
 pub use metrics::Metrics;
@@ -125,36 +125,13 @@ pub struct Hub {
     secure_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    /// Edge mode: the cache writes to finish before the hub stops.
-    cache: Option<CacheDrain>,
+    /// Kept for shutdown: its edge cache's queued writes are finished before the hub stops.
+    pipeline: Arc<pipeline::Pipeline>,
 }
 
 /// How long a stopping hub waits for the cache writer to apply what was queued. Normally
 /// milliseconds; kubelet gives a static pod 30 s to stop.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
-
-/// The cache writes a stopping hub owes its clients: what it passed on just before it was told
-/// to stop (a relist, the last watch events) must be in the cache when the node restarts
-/// without the cloud.
-struct CacheDrain {
-    writer: edge::Writer,
-    store: Arc<dyn outpost_cache::Store>,
-}
-
-impl CacheDrain {
-    async fn finish(self) {
-        if !self.writer.caught_up(SHUTDOWN_DRAIN).await {
-            warn!(
-                waited_s = SHUTDOWN_DRAIN.as_secs(),
-                "stopping with cache writes still queued; they are lost and the next relist repairs the cache"
-            );
-        }
-        let store = self.store;
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
-            warn!(error = %e, "final cache flush failed");
-        }
-    }
-}
 
 impl Hub {
     /// Binds the proxy, admin and secure listeners and starts serving on them.
@@ -317,10 +294,6 @@ impl Hub {
                 .map(callers::VerifiedTokens::load)
                 .unwrap_or_default(),
         );
-        let cache = edge.as_ref().map(|e| CacheDrain {
-            writer: e.writer().clone(),
-            store: e.store().clone(),
-        });
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),
@@ -352,6 +325,7 @@ impl Hub {
             },
         });
 
+        let kept = pipeline.clone();
         let proxy_task = tokio::spawn(server::serve(
             proxy_listener,
             move |req| pipeline.clone().handle(req, callers::Entry::Plain),
@@ -372,7 +346,7 @@ impl Hub {
                 tasks.extend([proxy_task, admin_task]);
                 tasks
             },
-            cache,
+            pipeline: kept,
         })
     }
 
@@ -396,8 +370,8 @@ impl Hub {
         for task in self.tasks {
             let _ = task.await;
         }
-        if let Some(cache) = self.cache {
-            cache.finish().await;
+        if let Some(edge) = &self.pipeline.edge {
+            edge.finish_writes(SHUTDOWN_DRAIN).await;
         }
         info!("hub stopped");
     }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use http::{HeaderMap, Response, StatusCode};
 use outpost_cache::Store;
 use outpost_core::RequestInfo;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use policy::{CacheAgents, CachePlan, CachePolicy};
 pub use writer::Writer;
@@ -78,8 +78,20 @@ impl Edge {
         &self.store
     }
 
-    pub fn writer(&self) -> &Writer {
-        &self.writer
+    /// Applies the cache writes still queued (at most `within`) and flushes the store: what a
+    /// stopping hub passed on just before the stop (a relist, the last watch events) must be in
+    /// the cache when the node restarts without the cloud.
+    pub async fn finish_writes(&self, within: std::time::Duration) {
+        if !self.writer.caught_up(within).await {
+            warn!(
+                waited_s = within.as_secs(),
+                "stopping with cache writes still queued; they are lost and the next relist repairs the cache"
+            );
+        }
+        let store = self.store.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
+            warn!(error = %e, "final cache flush failed");
+        }
     }
 
     pub fn health(&self) -> &Arc<ServerStates> {
