@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::error::CacheError;
 use crate::model::ResourceVersion;
 
-/// RVs and uids are length-prefixed with a u16 in records; real ones are tiny.
+/// Names, namespaces, RVs and uids are length-prefixed with a u16 in records; real ones are tiny.
 const MAX_META_LEN: usize = u16::MAX as usize;
 
 #[derive(Deserialize)]
@@ -55,9 +55,10 @@ fn head(bytes: &[u8]) -> Result<HeadMeta, CacheError> {
 }
 
 fn checked_lengths(m: HeadMeta) -> Result<HeadMeta, CacheError> {
-    if m.resource_version.len() > MAX_META_LEN || m.uid.len() > MAX_META_LEN {
+    let fields = [&m.name, &m.namespace, &m.resource_version, &m.uid];
+    if fields.iter().any(|f| f.len() > MAX_META_LEN) {
         return Err(CacheError::InvalidObject(
-            "oversized resourceVersion or uid".into(),
+            "oversized name, namespace, resourceVersion or uid".into(),
         ));
     }
     Ok(m)

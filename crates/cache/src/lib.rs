@@ -111,7 +111,8 @@ pub trait Store: Send + Sync {
     fn scope_resource_version(&self, scope: &Scope) -> Result<Option<ResourceVersion>, CacheError>;
 
     /// The events an offline WATCH from `rv` missed, from the scope [`Store::list`] would use,
-    /// filtered like the list. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
+    /// filtered like the list: each object changed since `rv` once, at its latest version, and
+    /// every DELETED. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
     fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError>;
 
     /// Stores a whole document under `name` (replacing any previous one), sealed like every

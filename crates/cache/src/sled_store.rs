@@ -80,8 +80,8 @@ use crate::error::{CacheError, ReplayError, is_lock_conflict};
 use crate::kv::{Entry, Kv, WriteBatch};
 use crate::model::*;
 
-/// A reconnecting watch is normally seconds behind; each event holds a whole object (~8 KiB for a
-/// pod), so this is ~2 MiB of log per busy scope before sled's overhead.
+/// A reconnecting watch is normally seconds behind. An entry names its object (tens of bytes);
+/// only a DELETED entry carries the object (~8 KiB for a pod).
 pub(crate) const DEFAULT_MAX_EVENTS: usize = 256;
 const MAIN_TREE: &str = "cache";
 const QUARANTINE_TREE: &str = "quarantine";
@@ -381,8 +381,9 @@ impl SledStore {
         relist: bool,
     ) -> Result<T, CacheError> {
         let result = result?;
-        // Objects are written twice when logged as events.
-        let weight = 2 * bytes as u64;
+        // Each version is written once: log entries name their object (a DELETED entry carries
+        // it, but the object's record goes).
+        let weight = bytes as u64;
         let unflushed = self.unflushed_bytes.fetch_add(weight, Ordering::Relaxed) + weight;
         if relist || self.options.sync_every_write || unflushed >= FLUSH_EVERY_BYTES {
             self.flush()?;

@@ -290,8 +290,8 @@ fn events_replay_after_a_version_and_refuse_older_ones(store: &dyn Store) {
     }
     assert_eq!(
         rvs("102"),
-        ["103", "104", "105", "106"],
-        "log holds the last {LOG}"
+        ["103", "106"],
+        "the log holds the last {LOG} entries; p101's three changes replay as its latest version"
     );
     match store.events_since(&s, "101") {
         Err(ReplayError::TooOld(t)) => {
@@ -305,6 +305,96 @@ fn events_replay_after_a_version_and_refuse_older_ones(store: &dyn Store) {
         "relist resets the log"
     );
     assert!(rvs("200").is_empty());
+}
+
+/// A replay sends each object's latest version at its last entry; a DELETED entry is always
+/// sent, so a delete followed by a re-creation replays as both.
+fn a_replay_sends_each_objects_latest_version(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    store.replace_scope(&s, "100", &[]).expect("replace");
+    let events = [
+        (EventType::Added, pod("a", "p1", "101", "n1", &[("v", "1")])),
+        (
+            EventType::Modified,
+            pod("a", "p1", "102", "n1", &[("v", "2")]),
+        ),
+        (EventType::Added, pod("a", "p2", "103", "n1", &[("v", "1")])),
+        (
+            EventType::Deleted,
+            pod("a", "p2", "104", "n1", &[("v", "gone")]),
+        ),
+        (
+            EventType::Added,
+            pod("a", "p2", "105", "n1", &[("v", "again")]),
+        ),
+        (
+            EventType::Modified,
+            pod("a", "p1", "106", "n1", &[("v", "3")]),
+        ),
+    ];
+    for (event_type, bytes) in &events {
+        store.apply_event(&s, *event_type, bytes).expect("event");
+    }
+    let replay = |from: &str| -> Vec<(EventType, String, String, String)> {
+        store
+            .events_since(&s, from)
+            .expect("replayable")
+            .into_iter()
+            .map(|e| {
+                (
+                    e.event_type,
+                    e.resource_version.to_string(),
+                    field(&e.object, "/metadata/name"),
+                    field(&e.object, "/metadata/labels/v"),
+                )
+            })
+            .collect()
+    };
+    let event =
+        |t, rv: &str, name: &str, v: &str| (t, rv.to_owned(), name.to_owned(), v.to_owned());
+    assert_eq!(
+        replay("102"),
+        [
+            event(EventType::Deleted, "104", "p2", "gone"),
+            event(EventType::Added, "105", "p2", "again"),
+            event(EventType::Modified, "106", "p1", "3"),
+        ],
+        "the log of {LOG} holds 103..106"
+    );
+    assert_eq!(
+        replay("105"),
+        [event(EventType::Modified, "106", "p1", "3")]
+    );
+}
+
+/// An entry whose version the store no longer holds, with no later entry to stand for it,
+/// cannot be replayed exactly: the watch gets 410 and the client relists.
+fn a_replay_refuses_when_a_logged_version_is_gone(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    store.replace_scope(&s, "100", &[]).expect("replace");
+    store
+        .apply_event(&s, EventType::Added, &pod("a", "p1", "101", "n1", &[]))
+        .expect("add");
+    assert_eq!(store.events_since(&s, "100").expect("replayable").len(), 1);
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p1", "107", "n1", &[]))
+        .expect("a GET saw a newer version");
+    match store.events_since(&s, "100") {
+        Err(ReplayError::TooOld(t)) => {
+            assert_eq!(t.oldest_available.expect("scope rv").as_str(), "101")
+        }
+        other => panic!("the logged version is gone: {other:?}"),
+    }
+    store
+        .apply_event(&s, EventType::Modified, &pod("a", "p1", "107", "n1", &[]))
+        .expect("the watch catches up");
+    let rvs: Vec<String> = store
+        .events_since(&s, "100")
+        .expect("replayable again")
+        .iter()
+        .map(|e| e.resource_version.to_string())
+        .collect();
+    assert_eq!(rvs, ["107"]);
 }
 
 fn a_query_is_served_by_the_most_specific_covering_scope(store: &dyn Store) {
@@ -848,6 +938,8 @@ suite!(
     deleted_removes_the_object_from_every_scope_and_its_pin,
     a_stale_delete_only_leaves_its_scope,
     events_replay_after_a_version_and_refuse_older_ones,
+    a_replay_sends_each_objects_latest_version,
+    a_replay_refuses_when_a_logged_version_is_gone,
     a_query_is_served_by_the_most_specific_covering_scope,
     a_query_without_a_covering_scope_is_not_cached,
     components_only_see_what_they_cached,

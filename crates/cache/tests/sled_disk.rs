@@ -25,12 +25,13 @@ fn populate(store: &SledStore) {
     store
         .replace_scope(&s, "19", &refs(&items))
         .expect("replace");
-    for rv in 20..23 {
+    // Three objects, so a replay from 19 sends all three entries (it sends an object once).
+    for (i, rv) in (20..23).enumerate() {
         store
             .apply_event(
                 &s,
                 EventType::Modified,
-                &pod("a", "p00", &rv.to_string(), "n1", &[]),
+                &pod("a", &format!("p{i:02}"), &rv.to_string(), "n1", &[]),
             )
             .expect("event");
     }

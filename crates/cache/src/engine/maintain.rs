@@ -9,7 +9,7 @@ use crate::error::CacheError;
 use crate::json;
 use crate::keys::{self, DOCUMENT, EVENT, MEMBER, OBJECT, PIN, SCOPE};
 use crate::kv::Kv;
-use crate::model::{EventType, Gvr, ResourceStats, ResourceVersion, VerifyReport};
+use crate::model::{Gvr, ResourceStats, ResourceVersion, VerifyReport};
 use crate::record;
 use bytes::Bytes;
 
@@ -27,7 +27,7 @@ fn check_entry(key: &[u8], raw: &Bytes) -> Option<String> {
             record::decode_scope(raw).err().and_then(err)
         }
         Some(&EVENT) => match record::decode_event(raw) {
-            Ok(e) if e.event_type == EventType::Bookmark || json::is_valid(&e.object) => None,
+            Ok(e) if e.object.as_deref().is_none_or(json::is_valid) => None,
             Ok(_) => Some("event bytes are not valid JSON".into()),
             Err(e) => err(e),
         },

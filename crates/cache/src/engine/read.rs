@@ -13,6 +13,8 @@
 //! is the apiserver's own evaluation of the selector, which knows field labels that are not JSON
 //! paths. No covering scope means the LIST was never cached (`None`; yurthub answers 404).
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 use crate::engine::{Engine, Suspect};
@@ -24,7 +26,7 @@ use crate::model::{
     CachedObject, Event, EventType, Gvr, ListResult, Lookup, ObjectKey, ResourceVersion, Scope,
     ScopeId,
 };
-use crate::record::{self, ScopeMeta};
+use crate::record::{self, LogEntry, ScopeMeta};
 
 /// The stored scope chosen for a query, and the filtering still to do.
 struct Resolved<'q> {
@@ -139,7 +141,7 @@ fn selected(filter: &Filter<'_>, bytes: &[u8]) -> Result<bool, String> {
 /// 1. `rv` is the log's floor: from the start;
 /// 2. `rv` is a logged version: after its last occurrence;
 /// 3. `rv` and the floor parse and `rv` > floor: from the first event newer than `rv`.
-fn replay_start(log: &[Event], floor: &ResourceVersion, rv: &ResourceVersion) -> Option<usize> {
+fn replay_start(log: &[LogEntry], floor: &ResourceVersion, rv: &ResourceVersion) -> Option<usize> {
     if rv.as_str() == floor.as_str() {
         return Some(0);
     }
@@ -307,8 +309,11 @@ impl<K: Kv> Engine<K> {
             let Some(start) = replay_start(&log, &floor, &rv) else {
                 return Ok(Err(too_old(Some(floor))));
             };
+            let Some(replayed) = replayed_events(kv, &scope.id, &log[start..], suspects)? else {
+                return Ok(Err(too_old(Some(ResourceVersion::new(&scope.meta.rv)))));
+            };
             let mut events = Vec::new();
-            for event in log.into_iter().skip(start) {
+            for event in replayed {
                 match event_selected(&scope.filter, &event) {
                     Ok(true) => events.push(event),
                     Ok(false) => {}
@@ -320,13 +325,56 @@ impl<K: Kv> Engine<K> {
     }
 }
 
+/// The events a replay of `entries` (a tail of a scope's log) sends, in log order. An entry
+/// that carries its object is sent as it is. One that names its object is sent with the
+/// object's stored bytes if it is that object's last entry in the tail, and skipped otherwise:
+/// the replay sends each object's latest version, which is all a reflector keeps (a DELETED
+/// entry is always sent). `None` when a named entry's version is no longer stored (the object
+/// changed or went through another scope or a GET) and no later entry covers it: then nothing
+/// can be replayed exactly.
+fn replayed_events<K: Kv>(
+    kv: &K,
+    scope: &ScopeId,
+    entries: &[LogEntry],
+    suspects: &mut Vec<Suspect>,
+) -> Result<Option<Vec<Event>>, CacheError> {
+    let last_entry: HashMap<&(String, String), usize> = entries
+        .iter()
+        .enumerate()
+        .filter_map(|(i, entry)| Some((entry.object_name.as_ref()?, i)))
+        .collect();
+    let mut events = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        let object = match (&entry.object, &entry.object_name) {
+            (Some(bytes), _) => bytes.clone(),
+            (None, Some(named)) if last_entry[named] > i => continue,
+            (None, Some((namespace, name))) => {
+                let key = ObjectKey::new(&scope.component, &scope.gvr, namespace, name);
+                match read_object(kv, &key, false, suspects)? {
+                    Some(Ok(stored)) if stored.resource_version == entry.resource_version => {
+                        stored.bytes
+                    }
+                    _ => return Ok(None),
+                }
+            }
+            (None, None) => return Ok(None),
+        };
+        events.push(Event {
+            event_type: entry.event_type,
+            resource_version: entry.resource_version.clone(),
+            object,
+        });
+    }
+    Ok(Some(events))
+}
+
 /// The scope's whole event log, or `None` if any entry is corrupt or missing (a quarantined
 /// event leaves a hole that no replay may skip over).
 fn read_log<K: Kv>(
     kv: &K,
     scope: &Resolved<'_>,
     suspects: &mut Vec<Suspect>,
-) -> Result<Option<Vec<Event>>, CacheError> {
+) -> Result<Option<Vec<LogEntry>>, CacheError> {
     let mut log = Vec::new();
     let mut intact = true;
     let mut expected = scope.meta.log_first;
@@ -453,12 +501,13 @@ mod tests {
         assert_eq!(store.health().quarantined, 1);
     }
 
-    fn log(rvs: &[&str]) -> Vec<Event> {
+    fn log(rvs: &[&str]) -> Vec<LogEntry> {
         rvs.iter()
-            .map(|rv| Event {
+            .map(|rv| LogEntry {
                 event_type: EventType::Modified,
                 resource_version: ResourceVersion::new(rv),
-                object: bytes::Bytes::new(),
+                object_name: Some(("ns".into(), format!("p{rv}"))),
+                object: None,
             })
             .collect()
     }

@@ -160,20 +160,26 @@ impl<'a, K: Kv> Planner<'a, K> {
             .put(keys::scope_key(SCOPE, scope), record::encode_scope(meta));
     }
 
-    /// Appends to the scope's log and trims it to `max_events`, moving the floor up.
+    /// Appends to the scope's log and trims it to `max_events`, moving the floor up. Only a
+    /// DELETED entry carries the object: the others' versions are in the object records.
     fn log_event(
         &mut self,
         scope: &ScopeId,
         meta: &mut ScopeMeta,
         event_type: EventType,
-        rv: &ResourceVersion,
-        bytes: &[u8],
+        item: &Incoming<'_>,
     ) -> Result<(), CacheError> {
         if self.max_events == 0 {
             meta.log_floor_rv = meta.rv.clone();
             return Ok(());
         }
-        let value = record::encode_event(event_type, rv.as_str(), bytes);
+        let (rv, namespace, name) = (item.id.rv.as_str(), &item.id.namespace, &item.id.name);
+        let value = match event_type {
+            EventType::Deleted => {
+                record::encode_carried_event(event_type, rv, namespace, name, item.bytes)
+            }
+            _ => record::encode_named_event(event_type, rv, namespace, name),
+        };
         self.batch.put(keys::event_key(scope, meta.log_next), value);
         meta.log_next += 1;
         while meta.log_next - meta.log_first > self.max_events as u64 {
@@ -482,7 +488,7 @@ fn plan_delete<K: Kv>(
     }
 }
 
-/// What an event carries, read (whole: every event is logged) before the write lock is taken.
+/// What an event carries, read whole (most events are written) before the write lock is taken.
 enum Parsed<'b> {
     Object(Incoming<'b>),
     Bookmark(ResourceVersion),
@@ -528,7 +534,7 @@ fn plan_event<K: Kv>(
     };
     if let Some(mut meta) = meta {
         advance(&mut meta, &item.id.rv, p.now_ms);
-        p.log_event(id, &mut meta, event_type, &item.id.rv, item.bytes)?;
+        p.log_event(id, &mut meta, event_type, &item)?;
         p.put_scope(id, &meta);
     }
     Ok(outcome)
