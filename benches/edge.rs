@@ -26,7 +26,8 @@
 //!   for the previous one, and checks that no cache write was dropped. After the criterion legs
 //!   the bench prints an interleaved on/off comparison per mode (drift from other work on the
 //!   machine hits both legs alike) with CPU per event of the hub's runtime and of the cache
-//!   writer and sled threads, and when the cache held every event.
+//!   writer and sled threads, when the cache held every event, and how many memory trims each
+//!   hub ran during those rounds.
 //!
 //! The printed extras run even when a criterion filter skips their group.
 //! Writing one watch event into the cache on its own (`Store::apply_event`) is benched in
@@ -482,6 +483,20 @@ async fn cache_event_writes(client: &PlainClient, metrics: &http::Uri) -> (u64, 
     (written, dropped)
 }
 
+/// `outpost_memory_trims_total` of `hub`: a trim (100+ ms here, the process also holds the fake's
+/// heap) inside a leg's rounds shows as that leg's CPU.
+async fn memory_trims(client: &PlainClient, hub: &HubThread) -> u64 {
+    let uri: http::Uri = format!("http://{}/metrics", hub.admin_addr())
+        .parse()
+        .expect("uri");
+    let body = kubelet_get(client, &uri).await.body;
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|line| line.strip_prefix("outpost_memory_trims_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// Pod updates, the same for both legs: the node's pods in turn, each with a new annotation.
 struct Producer {
     pods: Vec<Value>,
@@ -782,6 +797,11 @@ fn watch_throughput(c: &mut Criterion) {
 
     // Interleaved: on, off, off, on, … so drift (other builds on the machine) hits both legs alike.
     for mode in [Mode::Live, Mode::Backlog] {
+        let trims = |bench: &WatchBench, legs: &[Leg; 2]| {
+            legs.each_ref()
+                .map(|leg| bench.rt.block_on(memory_trims(&bench.client, &leg.hub)))
+        };
+        let trims_before = trims(&bench, &legs);
         let mut rounds: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
         for round in 0..WATCH_ROUNDS {
             for step in 0..2 {
@@ -789,7 +809,13 @@ fn watch_throughput(c: &mut Criterion) {
                 rounds[i].push(bench.round(&mut legs[i], mode));
             }
         }
+        let trims_after = trims(&bench, &legs);
         report(mode, rounds.map(|rounds| Summary::of(&rounds)));
+        println!(
+            "  memory trims during these rounds: cache_on {}, cache_off {}",
+            trims_after[0] - trims_before[0],
+            trims_after[1] - trims_before[1]
+        );
     }
 
     let WatchBench {
