@@ -280,16 +280,18 @@ async fn offline_watch_is_a_real_stream() {
         .expect("online list");
     let list_rv = list.metadata.resource_version.clone().unwrap();
 
-    // Online: a watch from the list's version sees a change, and the hub caches it.
+    // Online: a watch from the list's version sees two changes, and the hub caches them.
     let wp = WatchParams::default().fields(&fields).timeout(60);
     let mut online = pods.watch(&wp, &list_rv).await.unwrap().boxed();
-    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
-    changed["metadata"]["labels"]["app"] = json!("changed");
-    cluster.fake.update("v1/pods", changed).unwrap();
-    assert_eq!(
-        event_name(&next_event(&mut online).await),
-        ("MODIFIED".into(), "a".into())
-    );
+    for label in ["changed", "changed-again"] {
+        let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
+        changed["metadata"]["labels"]["app"] = json!(label);
+        cluster.fake.update("v1/pods", changed).unwrap();
+        assert_eq!(
+            event_name(&next_event(&mut online).await),
+            ("MODIFIED".into(), "a".into())
+        );
+    }
 
     cluster.fake.refuse_connections();
     cluster.fake.cut_watches();
@@ -300,7 +302,8 @@ async fn offline_watch_is_a_real_stream() {
     )
     .await;
 
-    // Offline, from the list's version: the cached change is replayed, then bookmarks follow.
+    // Offline, from the list's version: the cached changes are replayed as the object's latest
+    // version (what a reflector keeps), then bookmarks follow.
     let mut replay = pods
         .watch(&wp, &list_rv)
         .await
@@ -311,7 +314,7 @@ async fn offline_watch_is_a_real_stream() {
     let WatchEvent::Modified(a) = first else {
         unreachable!()
     };
-    assert_eq!(a.labels()["app"], "changed");
+    assert_eq!(a.labels()["app"], "changed-again");
     assert_eq!(event_name(&next_event(&mut replay).await).0, "BOOKMARK");
 
     // Offline, from "0": the current state as ADDED events.
