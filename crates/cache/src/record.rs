@@ -159,46 +159,28 @@ pub(crate) struct LogEntry {
 const LOG_NAMED: u8 = b'n';
 const LOG_CARRIED: u8 = b'c';
 
-/// A log entry that names its object: kind, type byte, RV, namespace, name.
-pub(crate) fn encode_named_event(
+/// A log entry: kind, type byte, RV, namespace, name, then the object JSON if it is `carried`.
+pub(crate) fn encode_event(
     event_type: EventType,
     rv: &str,
     namespace: &str,
     name: &str,
+    carried: Option<&[u8]>,
 ) -> Vec<u8> {
-    sealed_with(8 + rv.len() + namespace.len() + name.len(), |payload| {
-        push_log_head(payload, LOG_NAMED, event_type, rv, namespace, name);
-    })
-}
-
-/// A log entry that carries its object: the named entry's fields, then the object JSON.
-pub(crate) fn encode_carried_event(
-    event_type: EventType,
-    rv: &str,
-    namespace: &str,
-    name: &str,
-    json: &[u8],
-) -> Vec<u8> {
+    let json = carried.unwrap_or_default();
     let len = 8 + rv.len() + namespace.len() + name.len() + json.len();
     sealed_with(len, |payload| {
-        push_log_head(payload, LOG_CARRIED, event_type, rv, namespace, name);
+        payload.push(if carried.is_some() {
+            LOG_CARRIED
+        } else {
+            LOG_NAMED
+        });
+        payload.push(event_type_byte(event_type));
+        push_str(payload, rv);
+        push_str(payload, namespace);
+        push_str(payload, name);
         payload.extend_from_slice(json);
     })
-}
-
-fn push_log_head(
-    payload: &mut Vec<u8>,
-    kind: u8,
-    event_type: EventType,
-    rv: &str,
-    namespace: &str,
-    name: &str,
-) {
-    payload.push(kind);
-    payload.push(event_type_byte(event_type));
-    push_str(payload, rv);
-    push_str(payload, namespace);
-    push_str(payload, name);
 }
 
 pub(crate) fn decode_event(raw: &Bytes) -> Result<LogEntry, Corrupt> {
@@ -315,8 +297,8 @@ mod tests {
     #[test]
     fn truncated_records_are_corrupt_not_panics() {
         for raw in [
-            encode_named_event(EventType::Modified, "9", "ns", "p"),
-            encode_carried_event(EventType::Deleted, "9", "ns", "p", b"{}"),
+            encode_event(EventType::Modified, "9", "ns", "p", None),
+            encode_event(EventType::Deleted, "9", "ns", "p", Some(b"{}")),
             first_format_event(EventType::Modified, "9", b"{}"),
         ] {
             for len in 0..raw.len() {
@@ -328,11 +310,12 @@ mod tests {
 
     #[test]
     fn log_entries_name_or_carry_their_object_and_the_first_format_still_decodes() {
-        let named = decode_event(&shared(&encode_named_event(
+        let named = decode_event(&shared(&encode_event(
             EventType::Added,
             "12",
             "",
             "node-1",
+            None,
         )));
         assert_eq!(
             named,
@@ -344,12 +327,12 @@ mod tests {
             })
         );
         let json = br#"{"metadata":{"name":"p"}}"#;
-        let carried = decode_event(&shared(&encode_carried_event(
+        let carried = decode_event(&shared(&encode_event(
             EventType::Deleted,
             "13",
             "ns",
             "p",
-            json,
+            Some(json),
         )))
         .expect("carried");
         assert_eq!(carried.object_name, Some(("ns".into(), "p".into())));

@@ -173,13 +173,10 @@ impl<'a, K: Kv> Planner<'a, K> {
             meta.log_floor_rv = meta.rv.clone();
             return Ok(());
         }
-        let (rv, namespace, name) = (item.id.rv.as_str(), &item.id.namespace, &item.id.name);
-        let value = match event_type {
-            EventType::Deleted => {
-                record::encode_carried_event(event_type, rv, namespace, name, item.bytes)
-            }
-            _ => record::encode_named_event(event_type, rv, namespace, name),
-        };
+        let carried = (event_type == EventType::Deleted).then_some(item.bytes);
+        let id = &item.id;
+        let value =
+            record::encode_event(event_type, id.rv.as_str(), &id.namespace, &id.name, carried);
         self.batch.put(keys::event_key(scope, meta.log_next), value);
         meta.log_next += 1;
         while meta.log_next - meta.log_first > self.max_events as u64 {
