@@ -461,12 +461,6 @@ where
 async fn cache_event_writes(client: &PlainClient, metrics: &http::Uri) -> (u64, u64) {
     let body = kubelet_get(client, metrics).await.body;
     let text = String::from_utf8_lossy(&body);
-    let value = |line: &str| -> u64 {
-        line.rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
-    };
     let mut written = 0;
     let mut dropped = 0;
     for line in text.lines() {
@@ -475,26 +469,30 @@ async fn cache_event_writes(client: &PlainClient, metrics: &http::Uri) -> (u64, 
                 line.contains(r#"outcome="stored""#),
                 "an event was not stored: {line}"
             );
-            written += value(line);
+            written += metric_value(line);
         } else if line.starts_with("outpost_cache_dropped_total{") {
-            dropped += value(line);
+            dropped += metric_value(line);
         }
     }
     (written, dropped)
 }
 
+/// The value at the end of a Prometheus text line, 0 if it does not parse.
+fn metric_value(line: &str) -> u64 {
+    line.rsplit(' ')
+        .next()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// `outpost_memory_trims_total` of `hub`: a trim (100+ ms here, the process also holds the fake's
 /// heap) inside a leg's rounds shows as that leg's CPU.
 async fn memory_trims(client: &PlainClient, hub: &HubThread) -> u64 {
-    let uri: http::Uri = format!("http://{}/metrics", hub.admin_addr())
-        .parse()
-        .expect("uri");
-    let body = kubelet_get(client, &uri).await.body;
+    let body = kubelet_get(client, &hub.metrics_uri()).await.body;
     String::from_utf8_lossy(&body)
         .lines()
-        .find_map(|line| line.strip_prefix("outpost_memory_trims_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+        .find(|line| line.starts_with("outpost_memory_trims_total "))
+        .map_or(0, metric_value)
 }
 
 /// Pod updates, the same for both legs: the node's pods in turn, each with a new annotation.
@@ -732,9 +730,7 @@ fn watch_throughput(c: &mut Criterion) {
         HUB_WORKERS,
     );
     let off = HubThread::start(upstream.hub_config(None), HUB_OFF, HUB_WORKERS);
-    let metrics: http::Uri = format!("http://{}/metrics", on.admin_addr())
-        .parse()
-        .expect("uri");
+    let metrics = on.metrics_uri();
     let client = plain_client();
 
     // kubelet lists before it watches; the events then land in a listed scope, as they do for

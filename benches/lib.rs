@@ -206,6 +206,13 @@ impl HubThread {
             .expect("uri")
     }
 
+    /// `http://<admin addr>/metrics`.
+    pub fn metrics_uri(&self) -> http::Uri {
+        format!("http://{}/metrics", self.admin_addr)
+            .parse()
+            .expect("uri")
+    }
+
     /// Stops the hub (open connections get the hub's grace period) and joins its thread.
     pub fn stop(mut self) {
         self.stop_and_join();

@@ -239,9 +239,7 @@ fn online(c: &mut Criterion) {
     });
     println!("online: LIST body {list_len} bytes ({LIST_PODS} pods)");
 
-    let metrics: http::Uri = format!("http://{}/metrics", edge_hub.admin_addr())
-        .parse()
-        .expect("uri");
+    let metrics = edge_hub.metrics_uri();
     let admin = plain_client();
     let settled = || settle(&rt, &admin, &metrics);
     settled();

@@ -1169,10 +1169,7 @@ impl Bench {
 /// The hub's `outpost_cache_writes_total` and `outpost_cache_dropped_total` lines.
 async fn cache_metrics(hub: &HubThread) -> String {
     let client: PlainClient = Client::builder(TokioExecutor::new()).build_http();
-    let uri: http::Uri = format!("http://{}/metrics", hub.admin_addr())
-        .parse()
-        .expect("uri");
-    let Ok(resp) = client.get(uri).await else {
+    let Ok(resp) = client.get(hub.metrics_uri()).await else {
         return "metrics unavailable".into();
     };
     let body = resp

@@ -229,10 +229,7 @@ fn watch_stream(c: &mut Criterion) {
             e / d
         );
         let metrics = rt.block_on(async {
-            let uri: http::Uri = format!("http://{}/metrics", hub_edge.admin_addr())
-                .parse()
-                .expect("uri");
-            let resp = plain.get(uri).await.expect("metrics");
+            let resp = plain.get(hub_edge.metrics_uri()).await.expect("metrics");
             let body = resp.into_body().collect().await.expect("body").to_bytes();
             String::from_utf8_lossy(&body).into_owned()
         });
