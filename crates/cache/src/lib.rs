@@ -112,7 +112,8 @@ pub trait Store: Send + Sync {
 
     /// The events an offline WATCH from `rv` missed, from the scope [`Store::list`] would use,
     /// filtered like the list: each object changed since `rv` once, at its latest version, and
-    /// every DELETED. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
+    /// every DELETED; through a broader scope, an object that no longer matches the query comes
+    /// as DELETED. `Err(ReplayError::TooOld)` → answer 410 so the client relists.
     fn events_since(&self, query: &Scope, rv: &str) -> Result<Vec<Event>, ReplayError>;
 
     /// Stores a whole document under `name` (replacing any previous one), sealed like every

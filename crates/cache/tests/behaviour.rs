@@ -630,6 +630,80 @@ fn replays_from_a_broader_scope_are_filtered_like_the_list(store: &dyn Store) {
     assert_eq!(names, ["p3"]);
 }
 
+/// A broader scope answering a narrower watch sends DELETED for an object that left the
+/// query's selector (as kube-apiserver does), and nothing for one that entered the scope after
+/// the client's version without ever matching.
+fn a_replay_through_a_broader_scope_deletes_what_left_the_selector(store: &dyn Store) {
+    let all = scope("kubelet", &pods(), None, "", "");
+    let at_10 = [
+        pod("a", "p1", "7", "n1", &[("app", "web")]),
+        pod("a", "p4", "8", "n1", &[("app", "web")]),
+        pod("a", "p5", "9", "n1", &[("app", "web")]),
+    ];
+    store
+        .replace_scope(&all, "10", &refs(&at_10))
+        .expect("replace");
+    let events = [
+        (
+            EventType::Modified,
+            pod("a", "p1", "11", "n1", &[("app", "db")]),
+        ),
+        (
+            EventType::Added,
+            pod("a", "p2", "12", "n1", &[("app", "db")]),
+        ),
+        (
+            EventType::Deleted,
+            pod("a", "p4", "13", "n1", &[("app", "db")]),
+        ),
+        (
+            EventType::Modified,
+            pod("a", "p5", "14", "n1", &[("app", "web")]),
+        ),
+    ];
+    for (event_type, bytes) in &events {
+        store.apply_event(&all, *event_type, bytes).expect("event");
+    }
+    let web = scope("kubelet", &pods(), None, "app=web", "");
+    let replay = |from: &str| -> Vec<(EventType, String, String)> {
+        store
+            .events_since(&web, from)
+            .expect("replayable")
+            .into_iter()
+            .map(|e| {
+                let name = field(&e.object, "/metadata/name");
+                (e.event_type, e.resource_version.to_string(), name)
+            })
+            .collect()
+    };
+    let event = |t, rv: &str, name: &str| (t, rv.to_owned(), name.to_owned());
+    assert_eq!(
+        replay("10"),
+        [
+            event(EventType::Deleted, "11", "p1"),
+            event(EventType::Deleted, "13", "p4"),
+            event(EventType::Modified, "14", "p5"),
+        ],
+        "p1 left app=web; p2 never matched"
+    );
+    store
+        .apply_event(
+            &all,
+            EventType::Added,
+            &pod("a", "p6", "15", "n1", &[("app", "web")]),
+        )
+        .expect("event");
+    assert_eq!(
+        replay("11"),
+        [
+            event(EventType::Deleted, "13", "p4"),
+            event(EventType::Modified, "14", "p5"),
+            event(EventType::Added, "15", "p6"),
+        ],
+        "the log of {LOG} holds 12..15"
+    );
+}
+
 fn delete_object_forgets_it_everywhere(store: &dyn Store) {
     let s = scope("kubelet", &pods(), None, "", "");
     store
@@ -948,6 +1022,7 @@ suite!(
     a_relist_reads_whole_every_object_it_does_not_hold,
     events_for_an_unlisted_scope_only_refresh_cached_objects,
     replays_from_a_broader_scope_are_filtered_like_the_list,
+    a_replay_through_a_broader_scope_deletes_what_left_the_selector,
     delete_object_forgets_it_everywhere,
     a_get_of_the_stored_version_writes_nothing,
     a_group_of_events_ends_where_one_by_one_ends,

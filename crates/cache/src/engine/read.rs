@@ -13,7 +13,7 @@
 //! is the apiserver's own evaluation of the selector, which knows field labels that are not JSON
 //! paths. No covering scope means the LIST was never cached (`None`; yurthub answers 404).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 
@@ -162,11 +162,20 @@ fn replay_start(log: &[LogEntry], floor: &ResourceVersion, rv: &ResourceVersion)
 }
 
 /// Whether a replayed event concerns the query (bookmarks always do).
-fn event_selected(filter: &Filter<'_>, event: &Event) -> Result<bool, String> {
+/// How a replayed event reaches a query that its scope's log answers without filtering exactly
+/// (a broader scope serving a narrower query). Like kube-apiserver's watch filter, an object
+/// that no longer matches the query's selectors is sent as DELETED, so the client drops what
+/// it holds. The log keeps no earlier versions to tell whether the object matched at the
+/// client's version, so this is sent for every object that was in the scope then; a reflector
+/// ignores a DELETED of an object it does not hold. An object that entered the scope after the
+/// client's version (its first entry in the tail is ADDED) was never the client's, and is left
+/// out. Namespaces never change, so an object of another namespace is always left out.
+fn narrowed(filter: &Filter<'_>, replayed: Replayed) -> Result<Option<Event>, String> {
+    let Replayed { mut event, entered } = replayed;
     if event.event_type == EventType::Bookmark
         || (filter.namespace.is_none() && !filter.needs_json())
     {
-        return Ok(true);
+        return Ok(Some(event));
     }
     let parts = filter
         .parts(&event.object)
@@ -175,7 +184,17 @@ fn event_selected(filter: &Filter<'_>, event: &Event) -> Result<bool, String> {
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .unwrap_or("");
-    Ok(filter.matches_namespace(ns) && filter.matches_json(&parts))
+    if !filter.matches_namespace(ns) {
+        return Ok(None);
+    }
+    if filter.matches_json(&parts) {
+        return Ok(Some(event));
+    }
+    if entered {
+        return Ok(None);
+    }
+    event.event_type = EventType::Deleted;
+    Ok(Some(event))
 }
 
 impl<K: Kv> Engine<K> {
@@ -313,16 +332,24 @@ impl<K: Kv> Engine<K> {
                 return Ok(Err(too_old(Some(ResourceVersion::new(&scope.meta.rv)))));
             };
             let mut events = Vec::new();
-            for event in replayed {
-                match event_selected(&scope.filter, &event) {
-                    Ok(true) => events.push(event),
-                    Ok(false) => {}
+            for replayed in replayed {
+                match narrowed(&scope.filter, replayed) {
+                    Ok(Some(event)) => events.push(event),
+                    Ok(None) => {}
                     Err(_) => return Ok(Err(too_old(Some(ResourceVersion::new(&scope.meta.rv))))),
                 }
             }
             Ok(Ok(events))
         })?
     }
+}
+
+/// One event of a replay, before the query's own filter.
+struct Replayed {
+    event: Event,
+    /// The object's first entry in the replayed tail is ADDED: it was not in the scope at the
+    /// version the replay starts from.
+    entered: bool,
 }
 
 /// The events a replay of `entries` (a tail of a scope's log) sends, in log order. An entry
@@ -337,12 +364,17 @@ fn replayed_events<K: Kv>(
     scope: &ScopeId,
     entries: &[LogEntry],
     suspects: &mut Vec<Suspect>,
-) -> Result<Option<Vec<Event>>, CacheError> {
-    let last_entry: HashMap<&(String, String), usize> = entries
-        .iter()
-        .enumerate()
-        .filter_map(|(i, entry)| Some((entry.object_name.as_ref()?, i)))
-        .collect();
+) -> Result<Option<Vec<Replayed>>, CacheError> {
+    let mut last_entry: HashMap<&(String, String), usize> = HashMap::new();
+    let mut entered: HashSet<&(String, String)> = HashSet::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let Some(named) = entry.object_name.as_ref() else {
+            continue;
+        };
+        if last_entry.insert(named, i).is_none() && entry.event_type == EventType::Added {
+            entered.insert(named);
+        }
+    }
     let mut events = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
         let object = match (&entry.object, &entry.object_name) {
@@ -359,10 +391,16 @@ fn replayed_events<K: Kv>(
             }
             (None, None) => return Ok(None),
         };
-        events.push(Event {
-            event_type: entry.event_type,
-            resource_version: entry.resource_version.clone(),
-            object,
+        events.push(Replayed {
+            event: Event {
+                event_type: entry.event_type,
+                resource_version: entry.resource_version.clone(),
+                object,
+            },
+            entered: entry
+                .object_name
+                .as_ref()
+                .is_some_and(|named| entered.contains(named)),
         });
     }
     Ok(Some(events))

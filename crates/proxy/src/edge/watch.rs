@@ -3,7 +3,8 @@
 //! - No `resourceVersion` (or `"0"`, or `sendInitialEvents=true`): `ADDED` for every cached object
 //!   of the scope, then (with `sendInitialEvents` and bookmarks) the `k8s.io/initial-events-end`
 //!   bookmark, as the apiserver does.
-//! - `resourceVersion=N`: the cached events after N, filtered like the list. When the cache
+//! - `resourceVersion=N`: the cached events after N, filtered like the list (an object that left
+//!   the selector comes as DELETED, see `Store::events_since`). When the cache
 //!   cannot prove it holds all of them, a single `ERROR` event with a 410 `Expired` Status, exactly
 //!   as kube-apiserver answers a watch from a compacted version, so the client relists.
 //! - Then the stream stays open, sending `BOOKMARK`s when asked for, until `timeoutSeconds`, the
