@@ -4,6 +4,7 @@
 mod support;
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use outpost_testkit::TestPki;
 use support::{Cluster, outpost_bin};
@@ -170,6 +171,20 @@ async fn sigterm_stops_the_hub_cleanly() {
     let cluster = Cluster::start().await;
     let hub = cluster.start_hub();
     let status = hub.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+}
+
+/// Background work waiting on an apiserver that never answers (the serving certificate's
+/// names, probes, side data) must not hold a stopping hub: kubelet and operators expect a
+/// static pod to go within seconds, and the cache writes are drained by then.
+#[tokio::test]
+async fn sigterm_stops_the_hub_promptly_while_the_apiserver_hangs() {
+    let cluster = Cluster::start().await;
+    cluster.fake.blackhole();
+    let hub = cluster.start_hub();
+    // Let start-up work reach the silent apiserver.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = hub.terminate_within(Duration::from_secs(3));
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
 }
 

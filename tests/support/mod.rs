@@ -153,16 +153,25 @@ impl HubProcess {
     }
 
     /// SIGTERM, then wait (bounded) for a clean exit; returns the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    pub fn terminate(self) -> std::process::ExitStatus {
+        self.terminate_within(Duration::from_secs(10))
+    }
+
+    /// SIGTERM, then wait until the hub exits; panics (with its log) if that takes over `bound`.
+    pub fn terminate_within(mut self, bound: Duration) -> std::process::ExitStatus {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + bound;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
                 return status;
             }
-            assert!(Instant::now() < deadline, "hub did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "hub did not exit within {bound:?} of SIGTERM; log:\n{}",
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }

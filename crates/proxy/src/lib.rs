@@ -47,7 +47,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use error::ProxyError;
 pub use metrics::Metrics;
@@ -124,7 +124,8 @@ pub struct Hub {
     admin_addr: SocketAddr,
     secure_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Every task the hub started, named for the log if one must be aborted at shutdown.
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
     /// Kept for shutdown: its edge cache's queued writes are finished before the hub stops.
     pipeline: Arc<pipeline::Pipeline>,
 }
@@ -132,6 +133,10 @@ pub struct Hub {
 /// How long a stopping hub waits for the cache writer to apply what was queued. Normally
 /// milliseconds; kubelet gives a static pod 30 s to stop.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// How much longer than the connections' grace period a stopping hub waits for its background
+/// tasks (the listeners take the grace period itself to close their connections).
+const TASK_SLACK: Duration = Duration::from_secs(1);
 
 impl Hub {
     /// Binds the proxy, admin and secure listeners and starts serving on them.
@@ -202,30 +207,39 @@ impl Hub {
             flap_guard: config.health.interval * 2,
             history: std::sync::Mutex::default(),
         };
-        let mut tasks = vec![tokio::spawn(upstream::watch_client_certificate(
-            upstream.clone(),
-            metrics.clone(),
-            config.health.interval,
-            shutdown_rx.clone(),
-        ))];
-        tasks.push(tokio::spawn(health::prober::run(
-            states,
-            upstream.clone(),
-            heartbeat.clone(),
-            config.health.clone(),
-            metrics.clone(),
-            shutdown_rx.clone(),
-        )));
+        let mut tasks = vec![(
+            "client certificate",
+            tokio::spawn(upstream::watch_client_certificate(
+                upstream.clone(),
+                metrics.clone(),
+                config.health.interval,
+                shutdown_rx.clone(),
+            )),
+        )];
+        tasks.push((
+            "prober",
+            tokio::spawn(health::prober::run(
+                states,
+                upstream.clone(),
+                heartbeat.clone(),
+                config.health.clone(),
+                metrics.clone(),
+                shutdown_rx.clone(),
+            )),
+        ));
         let cfg_watch = hubcfg::ConfigWatch::new(
             &config.namespace,
             upstream.clone(),
             edge.as_ref().map(|e| e.store().clone()),
         );
         if let Some(edge) = &edge {
-            tasks.push(tokio::spawn(apply_cache_agents(
-                cfg_watch.subscribe(),
-                edge.policy().clone(),
-            )));
+            tasks.push((
+                "cache agents",
+                tokio::spawn(apply_cache_agents(
+                    cfg_watch.subscribe(),
+                    edge.policy().clone(),
+                )),
+            ));
         }
         // Port 0 picks a free port: the rewritten Services must point where the hub listens.
         let filter_settings = config.filters.clone().map(|mut settings| {
@@ -243,22 +257,31 @@ impl Hub {
                     &metrics,
                     &shutdown_rx,
                 );
-                tasks.extend(side_tasks);
-                tasks.push(tokio::spawn(filtering::apply_hub_cfg(
-                    cfg_watch.subscribe(),
-                    filtering.clone(),
-                )));
+                tasks.extend(side_tasks.into_iter().map(|task| ("side data", task)));
+                tasks.push((
+                    "filter settings",
+                    tokio::spawn(filtering::apply_hub_cfg(
+                        cfg_watch.subscribe(),
+                        filtering.clone(),
+                    )),
+                ));
                 readiness.side_data = side_sync;
                 Some(filtering)
             }
             None => None,
         };
         readiness.config = Some(cfg_watch.sync_state());
-        tasks.push(tokio::spawn(memory::trim_after_bursts(
-            metrics.clone(),
-            shutdown_rx.clone(),
-        )));
-        tasks.push(tokio::spawn(cfg_watch.run(shutdown_rx.clone())));
+        tasks.push((
+            "memory trim",
+            tokio::spawn(memory::trim_after_bursts(
+                metrics.clone(),
+                shutdown_rx.clone(),
+            )),
+        ));
+        tasks.push((
+            "yurt-hub-cfg",
+            tokio::spawn(cfg_watch.run(shutdown_rx.clone())),
+        ));
         let local_lease = match (&heartbeat, &config.health.heartbeat) {
             (Some(hb), Some(c)) => Some(health::local_lease::LocalLease::new(
                 &c.node_name,
@@ -272,16 +295,22 @@ impl Hub {
                     &c.node_name,
                     edge.store().clone(),
                 ));
-                tasks.push(tokio::spawn(status.clone().replay_on_reconnect(
-                    upstream.clone(),
-                    edge.health().subscribe(),
-                    shutdown_rx.clone(),
-                )));
-                tasks.push(tokio::spawn(status.clone().maintain_autonomy(
-                    upstream.clone(),
-                    config.health.interval,
-                    shutdown_rx.clone(),
-                )));
+                tasks.push((
+                    "node status replay",
+                    tokio::spawn(status.clone().replay_on_reconnect(
+                        upstream.clone(),
+                        edge.health().subscribe(),
+                        shutdown_rx.clone(),
+                    )),
+                ));
+                tasks.push((
+                    "autonomy",
+                    tokio::spawn(status.clone().maintain_autonomy(
+                        upstream.clone(),
+                        config.health.interval,
+                        shutdown_rx.clone(),
+                    )),
+                ));
                 Some(status)
             }
             _ => None,
@@ -343,7 +372,7 @@ impl Hub {
             secure_addr,
             shutdown,
             tasks: {
-                tasks.extend([proxy_task, admin_task]);
+                tasks.extend([("proxy port", proxy_task), ("admin port", admin_task)]);
                 tasks
             },
             pipeline: kept,
@@ -364,17 +393,35 @@ impl Hub {
     }
 
     /// Stops accepting, lets open connections finish within the grace period, applies the
-    /// cache writes they left queued (bounded by [`SHUTDOWN_DRAIN`]), and returns.
+    /// cache writes they left queued (bounded by [`SHUTDOWN_DRAIN`]), and returns. A background
+    /// task still busy after the grace period (an apiserver call that hangs) is aborted, so a
+    /// stopping hub never waits on the cloud.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        join_or_abort(self.tasks, server::SHUTDOWN_GRACE + TASK_SLACK).await;
         if let Some(edge) = &self.pipeline.edge {
             edge.finish_writes(SHUTDOWN_DRAIN).await;
         }
         info!("hub stopped");
     }
+}
+
+/// Awaits `tasks` for at most `within` in all; aborts those still running then (logging their
+/// names) and returns those names.
+async fn join_or_abort(
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    within: Duration,
+) -> Vec<&'static str> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut aborted = Vec::new();
+    for (name, mut task) in tasks {
+        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+            warn!(task = name, "did not stop in time; aborted");
+            task.abort();
+            aborted.push(name);
+        }
+    }
+    aborted
 }
 
 /// The secure port: its certificate manager (the kept certificate installed first) and its TLS
@@ -387,7 +434,7 @@ fn serve_secure(
     proxy_addr: SocketAddr,
     pipeline: &Arc<pipeline::Pipeline>,
     shutdown: &watch::Receiver<bool>,
-) -> [JoinHandle<()>; 2] {
+) -> [(&'static str, JoinHandle<()>); 2] {
     let manager = serving_cert::ServingCertManager::new(
         serving_cert::ServingCertConfig {
             node_name: node_name.to_owned(),
@@ -404,13 +451,19 @@ fn serve_secure(
     manager.install_kept();
     let pipeline = pipeline.clone();
     [
-        tokio::spawn(manager.run(shutdown.clone())),
-        tokio::spawn(server::serve_tls(
-            listener,
-            tokio_rustls::TlsAcceptor::from(slot.server_config()),
-            move |req| pipeline.clone().handle(req, callers::Entry::Secure),
-            shutdown.clone(),
-        )),
+        (
+            "serving certificate",
+            tokio::spawn(manager.run(shutdown.clone())),
+        ),
+        (
+            "secure port",
+            tokio::spawn(server::serve_tls(
+                listener,
+                tokio_rustls::TlsAcceptor::from(slot.server_config()),
+                move |req| pipeline.clone().handle(req, callers::Entry::Secure),
+                shutdown.clone(),
+            )),
+        ),
     ]
 }
 
@@ -452,4 +505,45 @@ fn bind_secure(addr: SocketAddr) -> Result<TcpListener, StartError> {
 
 fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {
     listener.local_addr().unwrap_or(fallback)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets its flag when dropped: an aborted task drops its future.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ignores_shutdown_is_aborted_at_the_deadline() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let stuck = tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        let quick = tokio::spawn(async {});
+        let started = std::time::Instant::now();
+        let aborted = join_or_abort(
+            vec![("stuck", stuck), ("quick", quick)],
+            Duration::from_millis(100),
+        )
+        .await;
+        assert_eq!(aborted, ["stuck"]);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        for _ in 0..100 {
+            if dropped.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the stuck task was not aborted");
+    }
 }

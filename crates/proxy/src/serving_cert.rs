@@ -102,7 +102,11 @@ impl ServingCertManager {
             if !run_until_shutdown(reachable, &mut shutdown).await {
                 return;
             }
-            let (wanted, complete) = self.wanted_sans().await;
+            let Some((wanted, complete)) =
+                run_until_shutdown_with(self.wanted_sans(), &mut shutdown).await
+            else {
+                return;
+            };
             unread = if complete {
                 0
             } else {

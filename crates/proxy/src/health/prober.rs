@@ -101,7 +101,11 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        round(&states, &upstream, heartbeat.as_deref(), &config, &metrics).await;
+        // A round waits on the apiservers (seconds when one hangs); shutdown does not.
+        tokio::select! {
+            () = round(&states, &upstream, heartbeat.as_deref(), &config, &metrics) => {}
+            _ = shutdown.changed() => return,
+        }
         if let Some(path) = &config.state_file {
             remember(path, &states).await;
         }
