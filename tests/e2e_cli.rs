@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -65,9 +66,16 @@ async fn bad_flags_exit_2_with_one_line() {
         &with(&base, "--server-addr", Some("http://127.0.0.1:6443")),
         "must use https",
     );
+    let token_mode = with(&base, "--bootstrap-mode", Some("token"));
     assert_refused(
-        &with(&base, "--bootstrap-mode", Some("token")),
-        "--bootstrap-mode=token is not supported yet",
+        &token_mode,
+        "--bootstrap-mode=token needs --join-token or --bootstrap-file",
+    );
+    let with_token = with(&token_mode, "--join-token", Some("abcdef.0123456789abcdef"));
+    assert_refused(&with_token, "needs --discovery-token-ca-cert-hash");
+    assert_refused(
+        &with(&token_mode, "--join-token", Some("not-a-token")),
+        "--join-token: a bootstrap token has the form",
     );
     assert_refused(&with(&base, "--working-mode", Some("local")), "local");
     assert_refused(&with(&base, "--lb-mode", Some("hash")), "hash");
@@ -186,6 +194,120 @@ async fn sigterm_stops_the_hub_promptly_while_the_apiserver_hangs() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let status = hub.terminate_within(Duration::from_secs(3));
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
+}
+
+/// The reference flags in token mode: a join token and the CA pin instead of kubelet's files.
+fn token_mode_args(cluster: &Cluster, token: &str, pin: &str) -> Vec<String> {
+    let mut args: Vec<String> = cluster
+        .hub_args()
+        .into_iter()
+        .filter(|a| !a.starts_with("--bootstrap-mode=") && !a.starts_with("--kubelet-c"))
+        .collect();
+    args.extend([
+        "--bootstrap-mode=token".to_owned(),
+        format!("--join-token={token}"),
+        format!("--discovery-token-ca-cert-hash={pin}"),
+    ]);
+    args
+}
+
+/// yurthub's default mode: the hub discovers the CA from `cluster-info` (signature and pin
+/// checked), gets its own client certificate by CSR with the bootstrap token, proxies as
+/// `system:node:<node>`, and on the next start uses the kept certificate, with the cloud gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
+    let cluster = Cluster::start().await;
+    let token = "abcdef.0123456789abcdef";
+    cluster
+        .fake
+        .add_bootstrap_token(token)
+        .expect("bootstrap token");
+    let pins = outpost_certs::bootstrap::ca_cert_hashes(cluster.fake.pki().ca_pem.as_bytes())
+        .expect("CA hash");
+
+    let other_ca = TestPki::new().unwrap();
+    let wrong_pin =
+        &outpost_certs::bootstrap::ca_cert_hashes(other_ca.ca_pem.as_bytes()).unwrap()[0];
+    assert_refused(
+        &token_mode_args(&cluster, token, wrong_pin),
+        "does not match --discovery-token-ca-cert-hash",
+    );
+    let root = cluster.dir.path().join("root");
+    assert!(!root.join("pki/yurthub-current.pem").exists());
+
+    let args = token_mode_args(&cluster, token, &pins[0]);
+    let hub = cluster.start_hub_with(&args);
+    let pem = root.join("pki/yurthub-current.pem");
+    let mode = std::fs::metadata(&pem)
+        .expect("kept certificate")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    cluster.fake.clear_requests();
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.0").await;
+    assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
+    let users: Vec<String> = cluster
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/api/v1/nodes/edge-1")
+        .map(|r| format!("{} {:?}", r.user, r.groups))
+        .collect();
+    assert!(
+        users
+            .iter()
+            .any(|u| u.starts_with("system:node:edge-1 ") && u.contains("openyurt:yurthub")),
+        "{users:?}"
+    );
+    drop(hub);
+
+    let kept = std::fs::read(&pem).unwrap();
+    cluster.fake.refuse_connections();
+    let hub = cluster.start_hub_with(&args);
+    assert!(
+        hub.log_text()
+            .contains("client certificate from an earlier bootstrap")
+    );
+    assert_eq!(
+        std::fs::read(&pem).unwrap(),
+        kept,
+        "no new certificate was asked for"
+    );
+    drop(hub);
+    cluster.fake.restore().await;
+}
+
+/// yurtadm's way: `--bootstrap-file` names a kubeconfig with the server, the CA and the token;
+/// no discovery, the pin still checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mode_takes_a_bootstrap_file() {
+    let cluster = Cluster::start().await;
+    let token = "fedcba.fedcba9876543210";
+    cluster
+        .fake
+        .add_bootstrap_token(token)
+        .expect("bootstrap token");
+    let pins = outpost_certs::bootstrap::ca_cert_hashes(cluster.fake.pki().ca_pem.as_bytes())
+        .expect("CA hash");
+    let conf = cluster.dir.path().join("bootstrap-hub.conf");
+    let ca = cluster.node_files.ca_crt.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {ca}\nusers:\n- name: u\n  user:\n    token: {token}\n",
+            cluster.fake.url()
+        ),
+    )
+    .expect("bootstrap file");
+    let mut args: Vec<String> = token_mode_args(&cluster, token, &pins[0])
+        .into_iter()
+        .filter(|a| !a.starts_with("--join-token="))
+        .collect();
+    args.push(format!("--bootstrap-file={}", conf.display()));
+    let hub = cluster.start_hub_with(&args);
+    assert!(hub.log_text().contains("client certificate issued"));
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.0").await;
+    assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
 }
 
 /// The README's first command: the demo runs an outage end to end and exits 0.

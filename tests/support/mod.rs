@@ -88,7 +88,12 @@ impl Cluster {
 
     /// Starts the real binary against this cluster and waits until it serves.
     pub fn start_hub(&self) -> HubProcess {
-        HubProcess::spawn(&self.hub_args())
+        self.start_hub_with(&self.hub_args())
+    }
+
+    /// Starts the real binary with `args` (usually [`Cluster::hub_args`] changed).
+    pub fn start_hub_with(&self, args: &[String]) -> HubProcess {
+        HubProcess::spawn(args)
     }
 }
 

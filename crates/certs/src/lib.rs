@@ -20,6 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
+pub mod bootstrap;
 pub mod serving;
 
 /// Why the certificate files could not be used.
@@ -162,6 +163,40 @@ impl UpstreamTls {
 /// rustls needs one process-wide provider; Outpost uses ring only. Installing twice is harmless.
 pub fn install_ring_provider() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Writes `bytes` to `path` (mode 0600, directories created) through a temporary file, so a
+/// crash leaves the old file or the new one, never half of either.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CertError> {
+    use std::io::Write;
+    let write_err = |source| CertError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(write_err)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut file = open_private(&tmp).map_err(write_err)?;
+    file.write_all(bytes).map_err(write_err)?;
+    file.sync_all().map_err(write_err)?;
+    std::fs::rename(&tmp, path).map_err(write_err)
+}
+
+#[cfg(unix)]
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::create(path)
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, CertError> {

@@ -9,7 +9,6 @@
 //! kept on disk so a node that reboots offline serves at once. [`CertSlot`] is what the TLS
 //! listener reads on every handshake, so a renewed certificate takes effect without a restart.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -156,18 +155,7 @@ impl ServingCert {
     /// Writes chain and key to `path` (mode 0600) through a temporary file, so a crash leaves
     /// the old file or the new one, never half of either.
     pub fn store(&self, path: &Path) -> Result<(), CertError> {
-        let write_err = |source| CertError::Write {
-            path: path.to_owned(),
-            source,
-        };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(write_err)?;
-        }
-        let tmp = path.with_extension("tmp");
-        let mut file = open_private(&tmp).map_err(write_err)?;
-        file.write_all(self.pem.as_bytes()).map_err(write_err)?;
-        file.sync_all().map_err(write_err)?;
-        std::fs::rename(&tmp, path).map_err(write_err)
+        crate::write_private(path, self.pem.as_bytes())
     }
 
     /// Usable now: inside its validity period.
@@ -192,22 +180,6 @@ impl ServingCert {
             .unwrap_or_default()
             .as_secs()
     }
-}
-
-#[cfg(unix)]
-fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-}
-
-#[cfg(not(unix))]
-fn open_private(path: &Path) -> std::io::Result<std::fs::File> {
-    std::fs::File::create(path)
 }
 
 /// SANs and validity of a leaf certificate.

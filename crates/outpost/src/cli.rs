@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
+use outpost_proxy::bootstrap::{IdentityFiles, TokenBootstrap};
 use outpost_proxy::filtering::FilterSettings;
 use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::{LbMode, Server};
@@ -118,7 +120,8 @@ pub enum WorkingMode {
 /// yurthub's `--bootstrap-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BootstrapMode {
-    /// Join token + CSR (not implemented yet: refused with a clear message).
+    /// A client certificate of its own, by CSR with a bootstrap token (`--join-token` with
+    /// cluster-info discovery, or `--bootstrap-file`), kept in `<root-dir>/pki`.
     Token,
     /// Borrow kubelet's client certificate and the cluster CA.
     Kubeletcertificate,
@@ -175,6 +178,21 @@ pub struct HubFlags {
     /// How the hub gets its client certificate.
     #[arg(long, value_enum, default_value = "token")]
     pub bootstrap_mode: BootstrapMode,
+    /// token mode: a bootstrap kubeconfig (server, CA, bootstrap token), as yurtadm writes it.
+    #[arg(long)]
+    pub bootstrap_file: Option<PathBuf>,
+    /// token mode: a kubeadm bootstrap token; the cluster CA is discovered from
+    /// `kube-public/cluster-info`, signed with it.
+    #[arg(long)]
+    pub join_token: Option<String>,
+    /// token mode: `sha256:<hex>` of the cluster CA's public key (comma separated for several),
+    /// as `kubeadm token create --print-join-command` prints it.
+    #[arg(long, value_delimiter = ',')]
+    pub discovery_token_ca_cert_hash: Vec<String>,
+    /// token mode: trust the discovered CA without a pinned hash.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub discovery_token_unsafe_skip_ca_verification: bool,
     /// kubeletcertificate mode: kubelet's client certificate and key, in one PEM file.
     #[arg(
         long,
@@ -245,8 +263,7 @@ pub struct ValidatedHub {
     pub disk_cache_path: PathBuf,
     /// `--disk-cache-compact-above-mib` in bytes; `None` = never compact by itself.
     pub compact_above_bytes: Option<u64>,
-    pub client_pem: PathBuf,
-    pub ca_file: PathBuf,
+    pub identity: IdentitySource,
     pub lb_mode: LbMode,
     /// `--namespace`: where `yurt-hub-cfg` lives.
     pub namespace: String,
@@ -260,12 +277,7 @@ impl HubFlags {
         let node_name = required(&self.node_name, "--node-name")?;
         let health = self.health_config(&node_name)?;
         let servers = parse_servers(&required(&self.server_addr, "--server-addr")?)?;
-        if self.bootstrap_mode == BootstrapMode::Token {
-            return Err("--bootstrap-mode=token is not supported yet; use \
-                        --bootstrap-mode=kubeletcertificate (with --kubelet-client-certificate \
-                        and --kubelet-ca-file)"
-                .into());
-        }
+        let identity = self.identity_source(&node_name, &servers)?;
         let nodepool_name = self
             .nodepool_name
             .as_deref()
@@ -286,8 +298,7 @@ impl HubFlags {
             disk_cache_path: self.disk_cache_path.clone(),
             compact_above_bytes: (self.disk_cache_compact_above_mib > 0)
                 .then(|| self.disk_cache_compact_above_mib.saturating_mul(1 << 20)),
-            client_pem: self.kubelet_client_certificate.clone(),
-            ca_file: self.kubelet_ca_file.clone(),
+            identity,
             lb_mode: match self.lb_mode {
                 LbModeFlag::Rr => LbMode::RoundRobin,
                 LbModeFlag::Priority => LbMode::Priority,
@@ -313,7 +324,64 @@ impl HubFlags {
     }
 }
 
+/// Where the hub's client certificate comes from.
+#[derive(Debug, Clone)]
+pub enum IdentitySource {
+    /// `kubeletcertificate`: kubelet's files, used as they are.
+    Files(IdentityFiles),
+    /// `token`: obtained (or kept from an earlier start) before the hub serves.
+    Token(TokenBootstrap),
+}
+
 impl HubFlags {
+    /// yurthub's token-mode checks: a token source, and a CA pin unless explicitly skipped.
+    fn identity_source(
+        &self,
+        node_name: &str,
+        servers: &[Server],
+    ) -> Result<IdentitySource, String> {
+        if self.bootstrap_mode == BootstrapMode::Kubeletcertificate {
+            return Ok(IdentitySource::Files(IdentityFiles {
+                client_pem: self.kubelet_client_certificate.clone(),
+                ca_file: self.kubelet_ca_file.clone(),
+            }));
+        }
+        let join_token = self.join_token.clone().filter(|t| !t.trim().is_empty());
+        if join_token.is_none() && self.bootstrap_file.is_none() {
+            return Err(
+                "--bootstrap-mode=token needs --join-token or --bootstrap-file \
+                        (or use --bootstrap-mode=kubeletcertificate)"
+                    .into(),
+            );
+        }
+        if let Some(token) = &join_token {
+            BootstrapToken::parse(token).map_err(|e| format!("--join-token: {e}"))?;
+        }
+        let ca_pins: Vec<String> = self
+            .discovery_token_ca_cert_hash
+            .iter()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .collect();
+        if ca_pins.is_empty() && !self.discovery_token_unsafe_skip_ca_verification {
+            return Err(
+                "--bootstrap-mode=token needs --discovery-token-ca-cert-hash \
+                        (or --discovery-token-unsafe-skip-ca-verification)"
+                    .into(),
+            );
+        }
+        Ok(IdentitySource::Token(TokenBootstrap {
+            node_name: node_name.to_owned(),
+            servers: servers.to_vec(),
+            root_dir: self.root_dir.clone(),
+            bootstrap_file: self.bootstrap_file.clone(),
+            join_token,
+            ca_pins,
+            skip_ca_verification: self.discovery_token_unsafe_skip_ca_verification,
+            deadline: Duration::from_secs(240),
+        }))
+    }
+
     /// Probes for every mode; the heartbeat (lease renewal gated on kubelet) in edge mode only.
     fn health_config(&self, node_name: &str) -> Result<HealthConfig, String> {
         let kubelet_healthz_url = match self.kubelet_healthz_url.trim() {
@@ -428,14 +496,34 @@ mod tests {
         ])
         .unwrap();
         assert!(http.hub.validate().unwrap_err().contains("must use https"));
+        // yurthub's default mode: a token source, then a CA pin or the explicit opt-out.
         let token = parse(&["--server-addr=a:1", "--node-name=n", "--nodepool-name=p"]).unwrap();
+        let err = token.hub.validate().unwrap_err();
         assert!(
-            token
-                .hub
-                .validate()
-                .unwrap_err()
-                .contains("token is not supported yet")
+            err.contains("needs --join-token or --bootstrap-file"),
+            "{err}"
         );
+        let token = [
+            "--server-addr=a:1",
+            "--node-name=n",
+            "--join-token=abcdef.0123456789abcdef",
+        ];
+        let err = parse(&token).unwrap().hub.validate().unwrap_err();
+        assert!(
+            err.contains("needs --discovery-token-ca-cert-hash"),
+            "{err}"
+        );
+        let unpinned = [
+            &token[..],
+            &["--discovery-token-unsafe-skip-ca-verification"],
+        ]
+        .concat();
+        let v = parse(&unpinned)
+            .unwrap()
+            .hub
+            .validate()
+            .expect("explicitly unpinned");
+        assert!(matches!(v.identity, IdentitySource::Token(ref t) if t.skip_ca_verification));
         let no_pool = parse(&[
             "--server-addr=a:1",
             "--node-name=n",

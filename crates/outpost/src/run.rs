@@ -13,7 +13,9 @@ use outpost_proxy::{EdgeConfig, Hub, HubConfig, SecureConfig, UpstreamConfig};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{HubFlags, ValidatedHub, WorkingMode};
+use outpost_proxy::bootstrap::IdentityFiles;
+
+use crate::cli::{HubFlags, IdentitySource, ValidatedHub, WorkingMode};
 
 /// Start-up failures: configuration the hub cannot run with. Printed as one line, exit code 2.
 struct StartupError(String);
@@ -39,10 +41,11 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         }
         WorkingMode::Cloud => None,
     };
-    let tls =
-        UpstreamTls::load(&v.client_pem, &v.ca_file).map_err(|e| StartupError(e.to_string()))?;
+    let files = identity_files(&v.identity)?;
+    let tls = UpstreamTls::load(&files.client_pem, &files.ca_file)
+        .map_err(|e| StartupError(e.to_string()))?;
     if tls.identity.is_expired_at(SystemTime::now()) {
-        warn!(path = %v.client_pem.display(), "client certificate has expired; readyz will fail");
+        warn!(path = %files.client_pem.display(), "client certificate has expired; readyz will fail");
     }
     info!(
         node = %v.node_name,
@@ -73,6 +76,22 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         }),
     };
     Ok((config, v))
+}
+
+/// The client certificate's files; in token mode, bootstrapped first (the hub cannot reach
+/// the apiservers without them, so it does not serve before).
+fn identity_files(source: &IdentitySource) -> Result<IdentityFiles, StartupError> {
+    let bootstrap = match source {
+        IdentitySource::Files(files) => return Ok(files.clone()),
+        IdentitySource::Token(bootstrap) => bootstrap,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StartupError(format!("cannot start the async runtime: {e}")))?;
+    runtime
+        .block_on(bootstrap.ensure())
+        .map_err(|e| StartupError(format!("token bootstrap: {e}")))
 }
 
 /// Opens the sled cache. Another process holding it (a second hub) is a start-up error; a cache

@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod bootstrap;
 pub mod callers;
 pub mod edge;
 pub mod error;

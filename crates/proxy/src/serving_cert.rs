@@ -290,20 +290,29 @@ impl ServingCertManager {
 
 /// The CertificateSigningRequest object for a serving certificate (kubelet's usages).
 fn csr_object(csr_pem: &str) -> Value {
+    signing_request(
+        csr_pem,
+        KUBELET_SERVING_SIGNER,
+        &["digital signature", "key encipherment", "server auth"],
+    )
+}
+
+/// A CertificateSigningRequest object for `signer`, named by the apiserver.
+pub(crate) fn signing_request(csr_pem: &str, signer: &str, usages: &[&str]) -> Value {
     json!({
         "apiVersion": "certificates.k8s.io/v1",
         "kind": "CertificateSigningRequest",
         "metadata": {"generateName": "csr-"},
         "spec": {
             "request": base64::engine::general_purpose::STANDARD.encode(csr_pem),
-            "signerName": KUBELET_SERVING_SIGNER,
-            "usages": ["digital signature", "key encipherment", "server auth"],
+            "signerName": signer,
+            "usages": usages,
         },
     })
 }
 
 /// `None` while pending; the PEM once issued; why not, once denied or failed.
-fn issued(csr: &Value) -> Option<Result<String, String>> {
+pub(crate) fn issued(csr: &Value) -> Option<Result<String, String>> {
     let conditions = csr
         .pointer("/status/conditions")
         .and_then(Value::as_array)

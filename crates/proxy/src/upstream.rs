@@ -89,7 +89,7 @@ impl Server {
         )
     }
 
-    fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+    pub(crate) fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         let authority = self.base.authority().cloned().unwrap_or_else(|| {
             // Server::parse guarantees an authority; this branch only keeps the function total.
             http::uri::Authority::from_static("invalid")
@@ -432,7 +432,7 @@ fn connection_lost(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// `a: b: c` from an error and its sources, so the one log line says everything.
-fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {

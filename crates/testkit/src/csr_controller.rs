@@ -217,13 +217,14 @@ fn recognize(c: &Csr) -> Option<&'static str> {
         {
             Some("Auto approving node serving certificate")
         }
+        // `isYurtHubNodeCert`: the usages as a set must be exactly `clientRequiredUsages`.
         KUBE_APISERVER_CLIENT
             if node_cn
                 && yurthub_orgs(orgs)
                 && usages_fit(
                     &c.usages,
-                    &[DIGITAL_SIGNATURE, CLIENT_AUTH],
-                    &[KEY_ENCIPHERMENT],
+                    &[DIGITAL_SIGNATURE, KEY_ENCIPHERMENT, CLIENT_AUTH],
+                    &[],
                 ) =>
         {
             Some("Auto approving yurthub client certificate")
@@ -374,11 +375,23 @@ mod tests {
         let other = request("alice", &["system:nodes"], &["n"]);
         assert!(recognize(&csr(KUBELET_SERVING, other, &serving)).is_none());
         let hub = node(&["openyurt:yurthub", "system:nodes", "openyurt:tenant:t1"]);
-        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, hub, &client)).is_some());
+        let hub_client = [KEY_ENCIPHERMENT, DIGITAL_SIGNATURE, CLIENT_AUTH];
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, hub.clone(), &hub_client)).is_some());
+        // yurt-manager wants all three client usages, key encipherment included.
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, hub.clone(), &client)).is_none());
+        let more = [
+            DIGITAL_SIGNATURE,
+            KEY_ENCIPHERMENT,
+            CLIENT_AUTH,
+            SERVER_AUTH,
+        ];
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, hub, &more)).is_none());
         let single = node(&["system:nodes"]);
-        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, single, &client)).is_none());
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, single, &hub_client)).is_none());
         let extra = node(&["openyurt:yurthub", "system:masters"]);
-        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, extra, &client)).is_none());
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, extra, &hub_client)).is_none());
+        let not_a_node = request("alice", &["openyurt:yurthub", "system:nodes"], &[]);
+        assert!(recognize(&csr(KUBE_APISERVER_CLIENT, not_a_node, &hub_client)).is_none());
         let kubelet = node(&["system:nodes"]);
         assert!(recognize(&csr("example.com/x", kubelet, &serving)).is_none());
     }

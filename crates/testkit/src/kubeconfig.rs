@@ -1,4 +1,5 @@
-//! Kubeconfig files for real clients (kubectl, kube-rs) talking to the fake directly.
+//! Kubeconfig files for real clients (kubectl, kube-rs) talking to the fake directly, and the
+//! kubeconfig kubeadm publishes for bootstrap-token discovery.
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +57,17 @@ pub fn write(
     Ok(path)
 }
 
+/// The kubeconfig `kubeadm init` publishes in `kube-public/cluster-info`: only the cluster, with
+/// an empty name, the CA inline, `server` the apiserver's URL; byte for byte what Go's
+/// `clientcmd.Write` makes of it (keys sorted, `null` for the empty lists, `{}` preferences).
+pub fn cluster_info(server: &str, ca_pem: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {ca}\n    server: {server}\n  name: \"\"\ncontexts: null\ncurrent-context: \"\"\nkind: Config\npreferences: {{}}\nusers: null\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -77,5 +89,19 @@ mod tests {
         assert!(text.contains("server: \"https://127.0.0.1:1\""));
         assert!(dir.path().join("system-node-edge-1.crt").exists());
         assert!(dir.path().join("ca.crt").exists());
+    }
+
+    #[test]
+    fn cluster_info_is_what_kubeadm_publishes() {
+        let text = cluster_info("https://127.0.0.1:6443", "PEM\n");
+        assert_eq!(
+            text,
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: UEVNCg==\n    server: https://127.0.0.1:6443\n  name: \"\"\ncontexts: null\ncurrent-context: \"\"\nkind: Config\npreferences: {}\nusers: null\n"
+        );
+        let parsed = crate::manifest::parse_yaml(&text).unwrap();
+        let cluster = &parsed[0]["clusters"][0];
+        assert_eq!(cluster["name"], "");
+        assert_eq!(cluster["cluster"]["server"], "https://127.0.0.1:6443");
+        assert_eq!(parsed[0]["contexts"], serde_json::Value::Null);
     }
 }

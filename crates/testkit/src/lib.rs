@@ -29,12 +29,15 @@
 //! - `proto`: the Kubernetes protobuf bodies kubectl's generators send.
 //! - `graph`: which objects a node reaches through its pods.
 //! - `seed`: the default cluster state (fixture pods plus an edge node).
+//! - `bootstrap`: kubeadm's bootstrap tokens and the signed `kube-public/cluster-info`
+//!   ([`FakeApiServer::add_bootstrap_token`]).
 //! - [`pki`]: a throw-away CA, serving cert and identity-bearing client certs.
 //! - [`manifest`]: YAML manifests as JSON values (e.g. for [`FakeApiServer::apply_rbac`]).
 //! - `kubeconfig`, `reply`, `state`, `util`: helpers.
 
 mod authn;
 mod authz;
+mod bootstrap;
 mod csr;
 mod csr_controller;
 mod discovery;

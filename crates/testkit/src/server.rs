@@ -220,6 +220,64 @@ impl FakeApiServer {
         self.shared.authn.add_token(token, user, groups);
     }
 
+    /// Registers a kubeadm bootstrap token `<id>.<secret>` (user `system:bootstrap:<id>`, groups
+    /// `system:bootstrappers` and `system:authenticated`) and publishes `kube-public/cluster-info`
+    /// signed with it, readable anonymously, as kubeadm's bootstrap-signer does:
+    ///
+    /// - `data.kubeconfig`: the cluster as `kubeadm init` writes it (this fake's CA inline,
+    ///   `server` = [`FakeApiServer::url`]), unless the ConfigMap already holds one, which is
+    ///   then what gets signed;
+    /// - `data.jws-kubeconfig-<id>`: its detached JWS (HS256 keyed with the secret), as
+    ///   `k8s.io/cluster-bootstrap`'s `jws.ComputeDetachedSignature` makes it; each token adds its
+    ///   own, earlier ones stay;
+    /// - Role and RoleBinding `kube-public/kubeadm:bootstrap-signer-clusterinfo`: `get` on that
+    ///   ConfigMap for `system:anonymous`.
+    ///
+    /// The `kube-public` namespace is created if missing (kube-apiserver keeps it). A token not of
+    /// the form `[a-z0-9]{6}\.[a-z0-9]{16}` is a 400 [`Status`] and changes nothing; the token
+    /// is registered last, once the objects are stored.
+    pub fn add_bootstrap_token(&self, token: &str) -> Result<(), Status> {
+        use crate::bootstrap::{self, BOOTSTRAPPERS, CLUSTER_INFO, KUBE_PUBLIC, USER_PREFIX};
+        const CONFIGMAPS: &str = "v1/configmaps";
+        let (id, secret) = bootstrap::parse_token(token)?;
+        if self.get("v1/namespaces", None, KUBE_PUBLIC).is_none() {
+            let namespace = serde_json::json!({
+                "metadata": {"name": KUBE_PUBLIC},
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            });
+            match self.create("v1/namespaces", namespace) {
+                Err(e) if e.reason != Reason::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        self.apply_rbac(&bootstrap::cluster_info_rbac())?;
+        let kubeconfig = crate::kubeconfig::cluster_info(&self.url(), &self.pki.ca_pem);
+        // Read, change, write with the resourceVersion read; retried on a concurrent write.
+        let mut attempts = 0;
+        loop {
+            let current = self.get(CONFIGMAPS, Some(KUBE_PUBLIC), CLUSTER_INFO);
+            let exists = current.is_some();
+            let next = bootstrap::cluster_info(current, &kubeconfig, id, secret);
+            let written = if exists {
+                self.update(CONFIGMAPS, next)
+            } else {
+                self.create(CONFIGMAPS, next)
+            };
+            attempts += 1;
+            match written {
+                Ok(_) => break,
+                Err(e)
+                    if attempts < 5
+                        && matches!(e.reason, Reason::Conflict | Reason::AlreadyExists) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let user = format!("{USER_PREFIX}{id}");
+        self.add_token(token, &user, &[BOOTSTRAPPERS, "system:authenticated"]);
+        Ok(())
+    }
+
     fn spawn_accept_loop(&self) {
         let task = tokio::spawn(accept_loop(
             self.shared.clone(),

@@ -1,0 +1,491 @@
+//! yurthub's default `--bootstrap-mode=token`: the hub gets its own client certificate from the
+//! cluster before it starts serving, kubeadm-style. [`TokenBootstrap::ensure`] is the whole flow:
+//!
+//! 1. A certificate from an earlier start (`<root>/pki/yurthub-current.pem`, with
+//!    `<root>/pki/ca.crt`) that loads and has not expired is used as it is, so a node that
+//!    reboots while the cloud is away starts at once.
+//! 2. Otherwise the bootstrap credentials: `--bootstrap-file` (a kubeconfig with the CA and a
+//!    token), or `<root>/bootstrap-hub.conf` written by an earlier discovery, or discovery with
+//!    `--join-token`: `kube-public/cluster-info` read without trusting the server yet, its
+//!    kubeconfig checked against the token's JWS signature and the CA against
+//!    `--discovery-token-ca-cert-hash`, then read again over TLS verified with that CA.
+//! 3. A CSR (`kubernetes.io/kube-apiserver-client`, CN `system:node:<node>`, O
+//!    `openyurt:yurthub` and `system:nodes`) sent with the bootstrap token and polled until
+//!    issued (yurt-manager's csrapprover approves it in OpenYurt clusters).
+//! 4. Chain and key kept in `<root>/pki/yurthub-current.pem` (0600): from then on the hub runs
+//!    exactly as in `kubeletcertificate` mode with these two files.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use outpost_certs::bootstrap::{
+    BootstrapToken, KUBE_APISERVER_CLIENT_SIGNER, ca_is_pinned, draft_client_csr,
+};
+use outpost_certs::{UpstreamTls, install_ring_provider, write_private};
+use rustls::ClientConfig;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::serving_cert::{issued, signing_request};
+use crate::upstream::Server;
+
+const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
+const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+const USER_AGENT: &str = "outpost/bootstrap";
+
+/// What `--bootstrap-mode=token` needs to know.
+#[derive(Debug, Clone)]
+pub struct TokenBootstrap {
+    pub node_name: String,
+    pub servers: Vec<Server>,
+    pub root_dir: PathBuf,
+    /// `--bootstrap-file`.
+    pub bootstrap_file: Option<PathBuf>,
+    /// `--join-token`.
+    pub join_token: Option<String>,
+    /// `--discovery-token-ca-cert-hash` (`sha256:<hex>` each).
+    pub ca_pins: Vec<String>,
+    /// `--discovery-token-unsafe-skip-ca-verification`.
+    pub skip_ca_verification: bool,
+    /// How long to wait for the certificate in all (yurthub waits 4 minutes).
+    pub deadline: Duration,
+}
+
+/// The client certificate's files, ready for [`UpstreamTls::load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdentityFiles {
+    pub client_pem: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+/// The apiserver, its CA and a token that may ask for a certificate.
+struct Credentials {
+    server: Server,
+    ca_pem: Vec<u8>,
+    token: String,
+}
+
+impl TokenBootstrap {
+    pub fn files(&self) -> IdentityFiles {
+        let pki = self.root_dir.join("pki");
+        IdentityFiles {
+            client_pem: pki.join("yurthub-current.pem"),
+            ca_file: pki.join("ca.crt"),
+        }
+    }
+
+    fn bootstrap_conf(&self) -> PathBuf {
+        self.root_dir.join("bootstrap-hub.conf")
+    }
+
+    /// The hub's client certificate files: kept from an earlier start, or obtained now.
+    pub async fn ensure(&self) -> Result<IdentityFiles, String> {
+        let files = self.files();
+        if let Ok(tls) = UpstreamTls::load(&files.client_pem, &files.ca_file) {
+            if !tls.identity.is_expired_at(SystemTime::now()) {
+                info!(path = %files.client_pem.display(), identity = %tls.identity.user, "client certificate from an earlier bootstrap");
+                return Ok(files);
+            }
+            warn!(path = %files.client_pem.display(), "the bootstrapped client certificate has expired; asking for a new one");
+        }
+        let started = Instant::now();
+        let creds = self.credentials().await?;
+        self.check_pin(&creds.ca_pem)?;
+        write_private(&files.ca_file, &creds.ca_pem).map_err(|e| e.to_string())?;
+        let pem = self.obtain_certificate(&creds, started).await?;
+        write_private(&files.client_pem, pem.as_bytes()).map_err(|e| e.to_string())?;
+        let tls = UpstreamTls::load(&files.client_pem, &files.ca_file)
+            .map_err(|e| format!("the issued client certificate cannot be used: {e}"))?;
+        info!(identity = %tls.identity.user, path = %files.client_pem.display(), "client certificate issued");
+        Ok(files)
+    }
+
+    async fn credentials(&self) -> Result<Credentials, String> {
+        if let Some(path) = &self.bootstrap_file {
+            return read_bootstrap_conf(path);
+        }
+        let kept = self.bootstrap_conf();
+        if kept.exists() {
+            return read_bootstrap_conf(&kept);
+        }
+        let token = self
+            .join_token
+            .as_deref()
+            .ok_or("--bootstrap-mode=token needs --join-token or --bootstrap-file")?;
+        let token = BootstrapToken::parse(token).map_err(|e| format!("--join-token: {e}"))?;
+        let mut problems = Vec::new();
+        for server in &self.servers {
+            match self.discover(server, &token).await {
+                Ok(creds) => {
+                    let conf = bootstrap_kubeconfig(&creds);
+                    write_private(&kept, conf.as_bytes()).map_err(|e| e.to_string())?;
+                    return Ok(creds);
+                }
+                Err(e) => problems.push(format!("{}: {e}", server.label())),
+            }
+        }
+        Err(format!(
+            "cluster-info discovery failed: {}",
+            problems.join("; ")
+        ))
+    }
+
+    fn check_pin(&self, ca_pem: &[u8]) -> Result<(), String> {
+        if self.skip_ca_verification {
+            warn!(
+                "--discovery-token-unsafe-skip-ca-verification: the cluster CA is not checked against a pinned hash"
+            );
+            return Ok(());
+        }
+        match ca_is_pinned(ca_pem, &self.ca_pins) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                Err("the cluster CA does not match --discovery-token-ca-cert-hash".to_owned())
+            }
+            Err(e) => Err(format!("the cluster CA: {e}")),
+        }
+    }
+
+    /// kubeadm's discovery: read cluster-info unverified, check its signature and CA, then read
+    /// it again through TLS verified with that CA and require the same kubeconfig.
+    async fn discover(
+        &self,
+        server: &Server,
+        token: &BootstrapToken,
+    ) -> Result<Credentials, String> {
+        let unverified = https_client(unverified_tls());
+        let info = get_json(&unverified, server, CLUSTER_INFO, None).await?;
+        let kubeconfig = info
+            .pointer("/data/kubeconfig")
+            .and_then(Value::as_str)
+            .ok_or("cluster-info has no kubeconfig")?;
+        let jws_key = format!("jws-kubeconfig-{}", token.id);
+        let jws = info["data"][&jws_key].as_str().ok_or_else(|| {
+            format!("cluster-info has no {jws_key}: the token is unknown or expired")
+        })?;
+        token
+            .verify_detached(jws, kubeconfig.as_bytes())
+            .map_err(|e| format!("cluster-info signature: {e}"))?;
+        let ca_pem = kubeconfig_ca(&parse_kubeconfig(kubeconfig)?, None)?;
+        self.check_pin(&ca_pem)?;
+        let verified = https_client(verified_tls(&ca_pem)?);
+        let again = get_json(&verified, server, CLUSTER_INFO, None).await?;
+        if again.pointer("/data/kubeconfig").and_then(Value::as_str) != Some(kubeconfig) {
+            return Err("cluster-info changed between the unverified and the verified read".into());
+        }
+        info!(server = %server.label(), token_id = %token.id, "cluster CA discovered and verified");
+        Ok(Credentials {
+            server: server.clone(),
+            ca_pem,
+            token: token.bearer(),
+        })
+    }
+
+    async fn obtain_certificate(
+        &self,
+        creds: &Credentials,
+        started: Instant,
+    ) -> Result<String, String> {
+        let draft = draft_client_csr(&self.node_name).map_err(|e| e.to_string())?;
+        let client = https_client(verified_tls(&creds.ca_pem)?);
+        let object = signing_request(
+            &draft.csr_pem,
+            KUBE_APISERVER_CLIENT_SIGNER,
+            &["digital signature", "key encipherment", "client auth"],
+        );
+        let created = call(
+            &client,
+            &creds.server,
+            Method::POST,
+            CSR_PATH,
+            Some(&creds.token),
+            Some(&object),
+        )
+        .await?;
+        let name = created
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .ok_or("the created CSR has no name")?
+            .to_owned();
+        info!(csr = %name, "client certificate requested; waiting for approval");
+        let path = format!("{CSR_PATH}/{name}");
+        loop {
+            let csr = get_json(&client, &creds.server, &path, Some(&creds.token)).await?;
+            if let Some(outcome) = issued(&csr) {
+                let cert_pem = outcome.map_err(|why| format!("CSR {name}: {why}"))?;
+                return Ok(format!("{cert_pem}{}", draft.key_pem));
+            }
+            if started.elapsed() >= self.deadline {
+                return Err(format!(
+                    "CSR {name} was not approved within {:?}: approve it (yurt-manager's csrapprover does in OpenYurt clusters)",
+                    self.deadline
+                ));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+}
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+fn https_client(tls: ClientConfig) -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(CALL_TIMEOUT));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+fn verified_tls(ca_pem: &[u8]) -> Result<ClientConfig, String> {
+    install_ring_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| format!("the cluster CA: bad PEM: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("the cluster CA: {e}"))?;
+    }
+    Ok(ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// For the first read of cluster-info only, as kubeadm does: what it returns is trusted only
+/// after its signature and CA pin check out, and is then read again with verification.
+fn unverified_tls() -> ClientConfig {
+    install_ring_provider();
+    let provider = rustls::crypto::ring::default_provider();
+    ClientConfig::builder()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_no_client_auth()
+}
+
+/// Accepts any server certificate, still checking that the server holds its key.
+#[derive(Debug)]
+struct AnyServer(rustls::crypto::CryptoProvider);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+async fn get_json(
+    client: &HttpsClient,
+    server: &Server,
+    path: &str,
+    token: Option<&str>,
+) -> Result<Value, String> {
+    call(client, server, Method::GET, path, token, None).await
+}
+
+/// One request; a 2xx JSON answer, or an error naming the path and what the server said.
+async fn call(
+    client: &HttpsClient,
+    server: &Server,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Result<Value, String> {
+    let uri = server.uri_for(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut req = Request::builder()
+        .method(method.clone())
+        .uri(uri)
+        .header(header::USER_AGENT, USER_AGENT)
+        .header(header::ACCEPT, "application/json");
+    if let Some(token) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let body = match body {
+        Some(value) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Full::new(Bytes::from(value.to_string()))
+        }
+        None => Full::new(Bytes::new()),
+    };
+    let req = req.body(body).map_err(|e| format!("{path}: {e}"))?;
+    let exchange = async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| crate::upstream::error_chain(&e))?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok::<_, String>((status, bytes))
+    };
+    let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))?
+        .map_err(|e| format!("{method} {path}: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "{method} {path}: {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("{method} {path}: unreadable answer: {e}"))
+}
+
+fn parse_kubeconfig(text: &str) -> Result<Value, String> {
+    serde_saphyr::from_str::<Value>(text).map_err(|e| format!("not a kubeconfig: {e}"))
+}
+
+/// The CA of a kubeconfig's first cluster: inline data, or a file relative to `dir`.
+fn kubeconfig_ca(config: &Value, dir: Option<&Path>) -> Result<Vec<u8>, String> {
+    let cluster = config
+        .pointer("/clusters/0/cluster")
+        .ok_or("the kubeconfig has no cluster")?;
+    if let Some(data) = cluster["certificate-authority-data"].as_str() {
+        return STANDARD
+            .decode(data.trim())
+            .map_err(|e| format!("certificate-authority-data: {e}"));
+    }
+    let file = cluster["certificate-authority"]
+        .as_str()
+        .ok_or("the kubeconfig's cluster has no certificate authority")?;
+    let path = dir.map_or_else(|| PathBuf::from(file), |d| d.join(file));
+    std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// `--bootstrap-file` (or the kept discovery): server, CA and token.
+fn read_bootstrap_conf(path: &Path) -> Result<Credentials, String> {
+    let named = |e: String| format!("{}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
+    let config = parse_kubeconfig(&text).map_err(named)?;
+    let ca_pem = kubeconfig_ca(&config, path.parent()).map_err(named)?;
+    let server = config
+        .pointer("/clusters/0/cluster/server")
+        .and_then(Value::as_str)
+        .ok_or_else(|| named("the kubeconfig's cluster has no server".into()))?;
+    let server = Server::parse(server).map_err(named)?;
+    let token = config
+        .pointer("/users/0/user/token")
+        .and_then(Value::as_str)
+        .ok_or_else(|| named("the kubeconfig has no user token".into()))?
+        .to_owned();
+    Ok(Credentials {
+        server,
+        ca_pem,
+        token,
+    })
+}
+
+/// The bootstrap kubeconfig a discovery leaves in `<root>/bootstrap-hub.conf` (JSON is YAML).
+fn bootstrap_kubeconfig(creds: &Credentials) -> String {
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": {
+            "server": creds.server.base.to_string().trim_end_matches('/'),
+            "certificate-authority-data": STANDARD.encode(&creds.ca_pem),
+        }}],
+        "users": [{"name": "bootstrap", "user": {"token": creds.token}}],
+        "contexts": [{"name": "bootstrap", "context": {"cluster": "cluster", "user": "bootstrap"}}],
+        "current-context": "bootstrap",
+    });
+    serde_json::to_string_pretty(&config).expect("a kubeconfig serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_bootstrap_conf_reads_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let creds = Credentials {
+            server: Server::parse("127.0.0.1:6443").expect("server"),
+            ca_pem: b"-----BEGIN CERTIFICATE-----\n".to_vec(),
+            token: "abcdef.0123456789abcdef".into(),
+        };
+        let path = dir.path().join("bootstrap-hub.conf");
+        std::fs::write(&path, bootstrap_kubeconfig(&creds)).expect("write");
+        let read = read_bootstrap_conf(&path).expect("read");
+        assert_eq!(read.server, creds.server);
+        assert_eq!(read.ca_pem, creds.ca_pem);
+        assert_eq!(read.token, creds.token);
+    }
+
+    #[test]
+    fn a_bootstrap_file_may_name_its_ca_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("ca.crt"), "CA").expect("ca");
+        let path = dir.path().join("bootstrap.conf");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority: ca.crt\nusers:\n- name: u\n  user:\n    token: abcdef.0123456789abcdef\n",
+        )
+        .expect("conf");
+        let read = read_bootstrap_conf(&path).expect("read");
+        assert_eq!(read.ca_pem, b"CA");
+        assert_eq!(read.server.label(), "https://10.0.0.1:6443");
+        std::fs::write(&path, "apiVersion: v1\nclusters: []\n").expect("conf");
+        let err = read_bootstrap_conf(&path).err().expect("no cluster");
+        assert!(
+            err.contains("bootstrap.conf") && err.contains("no cluster"),
+            "{err}"
+        );
+    }
+}
