@@ -277,6 +277,59 @@ async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
     cluster.fake.restore().await;
 }
 
+/// A certificate the hub obtained itself is renewed after 80 % of its lifetime, with a CSR
+/// the current certificate authenticates, and presented from then on without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mode_renews_its_client_certificate_before_it_expires() {
+    let cluster = Cluster::start().await;
+    let token = "abcdef.0123456789abcdef";
+    cluster
+        .fake
+        .add_bootstrap_token(token)
+        .expect("bootstrap token");
+    let pki = cluster.fake.pki();
+    let pins = outpost_certs::bootstrap::ca_cert_hashes(pki.ca_pem.as_bytes()).expect("CA hash");
+    // Kept from an earlier start: valid for one more minute, so past 80 % of its lifetime (the
+    // signer dates it 5 minutes back).
+    let draft = outpost_certs::bootstrap::draft_client_csr(support::NODE).expect("csr");
+    let usages = ["digital signature", "key encipherment", "client auth"];
+    let short = pki
+        .sign_csr_with_usages(&draft.csr_pem, &usages, Duration::from_secs(6 * 60))
+        .expect("signed");
+    let pem = cluster.dir.path().join("root/pki/yurthub-current.pem");
+    std::fs::create_dir_all(pem.parent().unwrap()).unwrap();
+    std::fs::write(&pem, format!("{short}{}", draft.key_pem)).unwrap();
+    std::fs::write(pem.with_file_name("ca.crt"), &pki.ca_pem).unwrap();
+
+    let hub = cluster.start_hub_with(&token_mode_args(&cluster, token, &pins[0]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !hub.log_text().contains("client certificate rotated") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no rotation; log:\n{}",
+            hub.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = hub.log_text();
+    assert!(
+        log.contains("client certificate from an earlier bootstrap"),
+        "{log}"
+    );
+    assert!(log.contains("client certificate renewed"), "{log}");
+    let renewed = outpost_certs::UpstreamTls::load(&pem, &pem.with_file_name("ca.crt"))
+        .expect("the renewed file loads");
+    let left = renewed
+        .identity
+        .not_after
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    assert!(left > Duration::from_secs(300 * 24 * 3600), "{left:?}");
+    assert_eq!(renewed.identity.user, "system:node:edge-1");
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.0").await;
+    assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
+}
+
 /// yurtadm's way: `--bootstrap-file` names a kubeconfig with the server, the CA and the token;
 /// no discovery, the pin still checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,12 +58,23 @@ pub struct IdentityInfo {
     pub user: String,
     /// The Kubernetes groups (subject O), e.g. `system:nodes`.
     pub groups: Vec<String>,
+    pub not_before: SystemTime,
     pub not_after: SystemTime,
 }
 
 impl IdentityInfo {
     pub fn is_expired_at(&self, now: SystemTime) -> bool {
         now >= self.not_after
+    }
+
+    /// When a certificate the hub obtained itself is renewed: after 80 % of its lifetime
+    /// (client-go's certificate manager picks a point between 70 and 90 %).
+    pub fn renew_at(&self) -> SystemTime {
+        let lifetime = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        self.not_before + lifetime.mul_f64(0.8)
     }
 
     /// Seconds since the Unix epoch, for a metric.
@@ -251,11 +262,14 @@ fn identity_info(path: &Path, leaf: &CertificateDer<'_>) -> Result<IdentityInfo,
         .filter_map(|o| o.as_str().ok())
         .map(str::to_owned)
         .collect();
-    let not_after_secs = u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0);
+    let unix = |t: x509_parser::time::ASN1Time| {
+        UNIX_EPOCH + Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0))
+    };
     Ok(IdentityInfo {
         user,
         groups,
-        not_after: UNIX_EPOCH + Duration::from_secs(not_after_secs),
+        not_before: unix(cert.validity().not_before),
+        not_after: unix(cert.validity().not_after),
     })
 }
 

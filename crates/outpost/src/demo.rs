@@ -103,6 +103,7 @@ async fn run() -> Result<()> {
         },
         filters: None,
         secure: None,
+        client_renewal: None,
     })
     .await?;
     println!(

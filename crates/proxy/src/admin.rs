@@ -413,6 +413,7 @@ mod tests {
         IdentityInfo {
             user: "system:node:edge-1".into(),
             groups: vec!["system:nodes".into()],
+            not_before: SystemTime::now(),
             not_after: SystemTime::now() + valid_for,
         }
     }

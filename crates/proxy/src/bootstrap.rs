@@ -14,6 +14,9 @@
 //!    issued (yurt-manager's csrapprover approves it in OpenYurt clusters).
 //! 4. Chain and key kept in `<root>/pki/yurthub-current.pem` (0600): from then on the hub runs
 //!    exactly as in `kubeletcertificate` mode with these two files.
+//!
+//! While the hub runs, [`renew_client_certificate`] replaces the certificate after 80 % of its
+//! lifetime, with a CSR the current certificate authenticates.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,16 +36,18 @@ use outpost_certs::bootstrap::{
 use outpost_certs::{UpstreamTls, install_ring_provider, write_private};
 use rustls::ClientConfig;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::serving_cert::{issued, signing_request};
-use crate::upstream::Server;
+use crate::csr::{CSR_PATH, issued, signing_request};
+use crate::upstream::{Server, Upstream};
 
 const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
-const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const USER_AGENT: &str = "outpost/bootstrap";
+/// What yurt-manager's csrapprover requires of a hub's client certificate, exactly.
+const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
 
 /// What `--bootstrap-mode=token` needs to know.
 #[derive(Debug, Clone)]
@@ -199,11 +204,7 @@ impl TokenBootstrap {
     ) -> Result<String, String> {
         let draft = draft_client_csr(&self.node_name).map_err(|e| e.to_string())?;
         let client = https_client(verified_tls(&creds.ca_pem)?);
-        let object = signing_request(
-            &draft.csr_pem,
-            KUBE_APISERVER_CLIENT_SIGNER,
-            &["digital signature", "key encipherment", "client auth"],
-        );
+        let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
         let created = call(
             &client,
             &creds.server,
@@ -235,6 +236,82 @@ impl TokenBootstrap {
             tokio::time::sleep(POLL_INTERVAL).await;
         }
     }
+}
+
+/// How long after a failed renewal the next attempt is made (doubling, up to 16 minutes).
+const RENEWAL_RETRY: Duration = Duration::from_secs(30);
+
+/// Token mode, while the hub runs: after 80 % of the client certificate's lifetime, asks for a
+/// new one as the node (the current certificate authenticates the CSR, as client-go's manager
+/// does), checks it, and writes it over `files.client_pem`, where
+/// [`crate::upstream::watch_client_certificate`] picks it up.
+pub async fn renew_client_certificate(
+    upstream: Arc<Upstream>,
+    node_name: String,
+    files: IdentityFiles,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut identity = upstream.identity();
+    let mut failures = 0u32;
+    loop {
+        let due = identity.borrow_and_update().renew_at();
+        let wait = due.duration_since(SystemTime::now()).unwrap_or_default();
+        if !wait.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                changed = identity.changed() => if changed.is_err() { return },
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+            continue;
+        }
+        let renewed = tokio::select! {
+            renewed = renew_once(&upstream, &node_name, &files) => renewed,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        // After a renewal, wait until the hub has loaded it (its renewal time then moves on);
+        // after a failure, back off.
+        let pause = match renewed {
+            Ok(()) => {
+                failures = 0;
+                RENEWAL_RETRY
+            }
+            Err(e) => {
+                let pause = RENEWAL_RETRY.saturating_mul(1 << failures.min(5));
+                failures = failures.saturating_add(1);
+                warn!(error = %e, retry_in_s = pause.as_secs(), "cannot renew the client certificate");
+                pause
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            changed = identity.changed() => if changed.is_err() { return },
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+async fn renew_once(
+    upstream: &Upstream,
+    node_name: &str,
+    files: &IdentityFiles,
+) -> Result<(), String> {
+    let draft = draft_client_csr(node_name).map_err(|e| e.to_string())?;
+    let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
+    let (name, cert_pem) = crate::csr::request(upstream, object, "client").await?;
+    let staged = files.client_pem.with_extension("new");
+    write_private(&staged, format!("{cert_pem}{}", draft.key_pem).as_bytes())
+        .map_err(|e| e.to_string())?;
+    let checked = UpstreamTls::load(&staged, &files.ca_file);
+    if let Err(e) = checked {
+        let _ = std::fs::remove_file(&staged);
+        return Err(format!(
+            "CSR {name}: the issued certificate cannot be used: {e}"
+        ));
+    }
+    std::fs::rename(&staged, &files.client_pem)
+        .map_err(|e| format!("cannot write {}: {e}", files.client_pem.display()))?;
+    info!(csr = %name, path = %files.client_pem.display(), "client certificate renewed");
+    Ok(())
 }
 
 type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;

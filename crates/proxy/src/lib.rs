@@ -25,6 +25,7 @@ pub mod admin;
 pub mod body;
 pub mod bootstrap;
 pub mod callers;
+mod csr;
 pub mod edge;
 pub mod error;
 pub mod filtering;
@@ -75,6 +76,9 @@ pub struct HubConfig {
     pub filters: Option<filtering::FilterSettings>,
     /// The HTTPS port for in-cluster clients; `None` serves none.
     pub secure: Option<SecureConfig>,
+    /// Token mode: the client certificate is the hub's own, renewed into these files
+    /// ([`bootstrap::renew_client_certificate`]); `None` when it is kubelet's.
+    pub client_renewal: Option<bootstrap::IdentityFiles>,
 }
 
 /// The secure port: where `masterservice` sends in-cluster clients.
@@ -217,6 +221,17 @@ impl Hub {
                 shutdown_rx.clone(),
             )),
         )];
+        if let Some(files) = config.client_renewal.clone() {
+            tasks.push((
+                "client certificate renewal",
+                tokio::spawn(bootstrap::renew_client_certificate(
+                    upstream.clone(),
+                    config.node_name.clone(),
+                    files,
+                    shutdown_rx.clone(),
+                )),
+            ));
+        }
         tasks.push((
             "prober",
             tokio::spawn(health::prober::run(

@@ -12,29 +12,23 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use base64::Engine;
 use http::{Method, StatusCode};
 use outpost_certs::serving::{CertSlot, KUBELET_SERVING_SIGNER, Sans, ServingCert, draft_csr};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::csr;
 use crate::metrics::Metrics;
-use crate::upstream::{OwnCall, Upstream};
+use crate::upstream::Upstream;
 
-const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
-const USER_AGENT: &str = "outpost/serving-certificate";
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long to wait after a failed attempt (denied, refused, unreachable) before the next; it
 /// doubles with every further failure, up to [`MAX_RETRY_AFTER`], so a cluster that denies the
 /// request does not collect a new CSR every half minute.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(16 * 60);
-/// How often a request that nobody approves is mentioned in the log.
-const PENDING_REMINDER: Duration = Duration::from_secs(60);
 
 /// What the manager needs to know about the node.
 #[derive(Debug, Clone)]
@@ -197,9 +191,8 @@ impl ServingCertManager {
     /// asked for, and kept on disk before it is used.
     async fn obtain(&self, wanted: &Sans) -> Result<ServingCert, String> {
         let draft = draft_csr(&self.config.node_name, wanted).map_err(|e| e.to_string())?;
-        let name = self.submit(&draft.csr_pem).await?;
-        info!(csr = %name, sans = ?wanted, "serving certificate requested; waiting for approval");
-        let cert_pem = self.wait_for_certificate(&name).await?;
+        let (name, cert_pem) =
+            csr::request(&self.upstream, csr_object(&draft.csr_pem), "serving").await?;
         let origin = PathBuf::from(format!("certificatesigningrequest/{name}"));
         let cert =
             ServingCert::from_pem(&cert_pem, &draft.key_pem, &origin).map_err(|e| e.to_string())?;
@@ -216,122 +209,22 @@ impl ServingCertManager {
         Ok(cert)
     }
 
-    async fn submit(&self, csr_pem: &str) -> Result<String, String> {
-        let body = csr_object(csr_pem);
-        let (code, reply) = self.call(Method::POST, CSR_PATH, Some(body)).await?;
-        if code != StatusCode::CREATED && code != StatusCode::OK {
-            return Err(format!(
-                "creating the CSR: {code}: {}",
-                String::from_utf8_lossy(&reply)
-            ));
-        }
-        let created: Value = serde_json::from_slice(&reply)
-            .map_err(|e| format!("creating the CSR: unreadable answer: {e}"))?;
-        created
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| "creating the CSR: the answer has no name".to_owned())
-    }
-
-    /// Polls the CSR until it carries a certificate, or says it never will.
-    async fn wait_for_certificate(&self, name: &str) -> Result<String, String> {
-        let path = format!("{CSR_PATH}/{name}");
-        let mut reminded = Instant::now();
-        loop {
-            // Read failures (the cloud gone for a while) are only reported with the reminder.
-            let problem = match self.call(Method::GET, &path, None).await {
-                Ok((StatusCode::OK, body)) => {
-                    let csr: Value = serde_json::from_slice(&body)
-                        .map_err(|e| format!("{name}: unreadable CSR: {e}"))?;
-                    if let Some(outcome) = issued(&csr) {
-                        return outcome.map_err(|why| format!("{name}: {why}"));
-                    }
-                    "pending approval".to_owned()
-                }
-                Ok((StatusCode::NOT_FOUND, _)) => {
-                    return Err(format!("{name}: the CSR was deleted before it was issued"));
-                }
-                Ok((code, _)) => format!("reading it answered {code}"),
-                Err(e) => format!("cannot read it: {e}"),
-            };
-            if reminded.elapsed() >= PENDING_REMINDER {
-                warn!(
-                    csr = name,
-                    problem,
-                    "serving certificate still not issued: approve the CSR (yurt-manager's csrapprover does in OpenYurt clusters); the secure port refuses handshakes until then"
-                );
-                reminded = Instant::now();
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-    }
-
     async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<Value>,
     ) -> Result<(StatusCode, bytes::Bytes), String> {
-        let server = self
-            .upstream
-            .pick()
-            .ok_or_else(|| "no healthy apiserver".to_owned())?;
-        let call = OwnCall {
-            method,
-            path,
-            user_agent: USER_AGENT,
-            body: body.map(|b| ("application/json", b)),
-            timeout: CALL_TIMEOUT,
-        };
-        self.upstream.own_call(server, call).await
+        csr::call(&self.upstream, method, path, body).await
     }
 }
 
 /// The CertificateSigningRequest object for a serving certificate (kubelet's usages).
 fn csr_object(csr_pem: &str) -> Value {
-    signing_request(
+    csr::signing_request(
         csr_pem,
         KUBELET_SERVING_SIGNER,
         &["digital signature", "key encipherment", "server auth"],
-    )
-}
-
-/// A CertificateSigningRequest object for `signer`, named by the apiserver.
-pub(crate) fn signing_request(csr_pem: &str, signer: &str, usages: &[&str]) -> Value {
-    json!({
-        "apiVersion": "certificates.k8s.io/v1",
-        "kind": "CertificateSigningRequest",
-        "metadata": {"generateName": "csr-"},
-        "spec": {
-            "request": base64::engine::general_purpose::STANDARD.encode(csr_pem),
-            "signerName": signer,
-            "usages": usages,
-        },
-    })
-}
-
-/// `None` while pending; the PEM once issued; why not, once denied or failed.
-pub(crate) fn issued(csr: &Value) -> Option<Result<String, String>> {
-    let conditions = csr
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    for condition in conditions {
-        let kind = condition["type"].as_str().unwrap_or_default();
-        if matches!(kind, "Denied" | "Failed") && condition["status"] != "False" {
-            let message = condition["message"].as_str().unwrap_or_default();
-            return Some(Err(format!("{kind}: {message}")));
-        }
-    }
-    let encoded = csr.pointer("/status/certificate")?.as_str()?;
-    Some(
-        base64::engine::general_purpose::STANDARD
-            .decode(encoded)
-            .ok()
-            .and_then(|pem| String::from_utf8(pem).ok())
-            .ok_or_else(|| "status.certificate is not base64 PEM".to_owned()),
     )
 }
 
@@ -423,25 +316,7 @@ async fn run_until_shutdown_with<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_pending_csr_is_waited_for() {
-        assert!(issued(&json!({"status": {}})).is_none());
-        let approved = json!({"status": {"conditions": [{"type": "Approved", "status": "True"}]}});
-        assert!(issued(&approved).is_none());
-    }
-
-    #[test]
-    fn an_issued_csr_yields_its_pem_and_a_denied_one_its_reason() {
-        let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
-        let encoded = base64::engine::general_purpose::STANDARD.encode(pem);
-        let done = json!({"status": {"certificate": encoded, "conditions": [{"type": "Approved", "status": "True"}]}});
-        assert_eq!(issued(&done), Some(Ok(pem.to_owned())));
-        let denied = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "message": "not yours"}]}});
-        assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
-        let garbled = json!({"status": {"certificate": "%%%"}});
-        assert!(matches!(issued(&garbled), Some(Err(_))));
-    }
+    use serde_json::json;
 
     fn cert(pki: &outpost_testkit::TestPki, sans: &Sans, valid_for: Duration) -> ServingCert {
         let draft = draft_csr("edge-1", sans).unwrap();
