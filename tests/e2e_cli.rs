@@ -211,19 +211,24 @@ fn token_mode_args(cluster: &Cluster, token: &str, pin: &str) -> Vec<String> {
     args
 }
 
-/// yurthub's default mode: the hub discovers the CA from `cluster-info` (signature and pin
-/// checked), gets its own client certificate by CSR with the bootstrap token, proxies as
-/// `system:node:<node>`, and on the next start uses the kept certificate, with the cloud gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
+/// A cluster with the bootstrap token `token` published, the token, and the CA's pin.
+async fn token_cluster(token: &'static str) -> (Cluster, &'static str, String) {
     let cluster = Cluster::start().await;
-    let token = "abcdef.0123456789abcdef";
     cluster
         .fake
         .add_bootstrap_token(token)
         .expect("bootstrap token");
     let pins = outpost_certs::bootstrap::ca_cert_hashes(cluster.fake.pki().ca_pem.as_bytes())
         .expect("CA hash");
+    (cluster, token, pins[0].clone())
+}
+
+/// yurthub's default mode: the hub discovers the CA from `cluster-info` (signature and pin
+/// checked), gets its own client certificate by CSR with the bootstrap token, proxies as
+/// `system:node:<node>`, and on the next start uses the kept certificate, with the cloud gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
+    let (cluster, token, pin) = token_cluster("abcdef.0123456789abcdef").await;
 
     let other_ca = TestPki::new().unwrap();
     let wrong_pin =
@@ -235,7 +240,7 @@ async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
     let root = cluster.dir.path().join("root");
     assert!(!root.join("pki/yurthub-current.pem").exists());
 
-    let args = token_mode_args(&cluster, token, &pins[0]);
+    let args = token_mode_args(&cluster, token, &pin);
     let hub = cluster.start_hub_with(&args);
     let pem = root.join("pki/yurthub-current.pem");
     let mode = std::fs::metadata(&pem)
@@ -281,14 +286,8 @@ async fn token_mode_bootstraps_a_client_certificate_and_keeps_it() {
 /// the current certificate authenticates, and presented from then on without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_mode_renews_its_client_certificate_before_it_expires() {
-    let cluster = Cluster::start().await;
-    let token = "abcdef.0123456789abcdef";
-    cluster
-        .fake
-        .add_bootstrap_token(token)
-        .expect("bootstrap token");
+    let (cluster, token, pin) = token_cluster("abcdef.0123456789abcdef").await;
     let pki = cluster.fake.pki();
-    let pins = outpost_certs::bootstrap::ca_cert_hashes(pki.ca_pem.as_bytes()).expect("CA hash");
     // Kept from an earlier start: valid for one more minute, so past 80 % of its lifetime (the
     // signer dates it 5 minutes back).
     let draft = outpost_certs::bootstrap::draft_client_csr(support::NODE).expect("csr");
@@ -301,7 +300,7 @@ async fn token_mode_renews_its_client_certificate_before_it_expires() {
     std::fs::write(&pem, format!("{short}{}", draft.key_pem)).unwrap();
     std::fs::write(pem.with_file_name("ca.crt"), &pki.ca_pem).unwrap();
 
-    let hub = cluster.start_hub_with(&token_mode_args(&cluster, token, &pins[0]));
+    let hub = cluster.start_hub_with(&token_mode_args(&cluster, token, &pin));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !hub.log_text().contains("client certificate rotated") {
         assert!(
@@ -334,14 +333,7 @@ async fn token_mode_renews_its_client_certificate_before_it_expires() {
 /// no discovery, the pin still checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_mode_takes_a_bootstrap_file() {
-    let cluster = Cluster::start().await;
-    let token = "fedcba.fedcba9876543210";
-    cluster
-        .fake
-        .add_bootstrap_token(token)
-        .expect("bootstrap token");
-    let pins = outpost_certs::bootstrap::ca_cert_hashes(cluster.fake.pki().ca_pem.as_bytes())
-        .expect("CA hash");
+    let (cluster, token, pin) = token_cluster("fedcba.fedcba9876543210").await;
     let conf = cluster.dir.path().join("bootstrap-hub.conf");
     let ca = cluster.node_files.ca_crt.display();
     std::fs::write(
@@ -352,7 +344,7 @@ async fn token_mode_takes_a_bootstrap_file() {
         ),
     )
     .expect("bootstrap file");
-    let mut args: Vec<String> = token_mode_args(&cluster, token, &pins[0])
+    let mut args: Vec<String> = token_mode_args(&cluster, token, &pin)
         .into_iter()
         .filter(|a| !a.starts_with("--join-token="))
         .collect();

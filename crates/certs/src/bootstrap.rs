@@ -7,12 +7,12 @@ use std::fmt;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rcgen::{CertificateParams, DnType, KeyPair};
+use rcgen::{CertificateParams, DnType};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
 use crate::CertError;
-use crate::serving::CsrDraft;
+use crate::serving::{CsrDraft, sign_request};
 
 /// The signer of client certificates for the apiserver; yurt-manager approves the hub's.
 pub const KUBE_APISERVER_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
@@ -125,15 +125,7 @@ pub fn draft_client_csr(node_name: &str) -> Result<CsrDraft, CertError> {
     let [first, second] = HUB_ORGANIZATIONS;
     subject.push(DnType::OrganizationName, first);
     subject.push(DnType::CustomDnType(vec![2, 5, 4, 10]), second);
-    let key = KeyPair::generate().map_err(fail)?;
-    let csr_pem = params
-        .serialize_request(&key)
-        .and_then(|csr| csr.pem())
-        .map_err(fail)?;
-    Ok(CsrDraft {
-        csr_pem,
-        key_pem: key.serialize_pem(),
-    })
+    sign_request(&params)
 }
 
 #[cfg(test)]

@@ -67,14 +67,9 @@ impl IdentityInfo {
         now >= self.not_after
     }
 
-    /// When a certificate the hub obtained itself is renewed: after 80 % of its lifetime
-    /// (client-go's certificate manager picks a point between 70 and 90 %).
+    /// When a certificate the hub obtained itself is renewed (see [`renewal_time`]).
     pub fn renew_at(&self) -> SystemTime {
-        let lifetime = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        self.not_before + lifetime.mul_f64(0.8)
+        renewal_time(self.not_before, self.not_after)
     }
 
     /// Seconds since the Unix epoch, for a metric.
@@ -174,6 +169,13 @@ impl UpstreamTls {
 /// rustls needs one process-wide provider; Outpost uses ring only. Installing twice is harmless.
 pub fn install_ring_provider() {
     let _already_installed = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// When to ask for a new certificate: at 80 % of its lifetime, as client-go's certificate
+/// manager does at the latest, so a renewal has a fifth of the lifetime to get through.
+pub fn renewal_time(not_before: SystemTime, not_after: SystemTime) -> SystemTime {
+    let lifetime = not_after.duration_since(not_before).unwrap_or_default();
+    not_before + lifetime.mul_f64(0.8)
 }
 
 /// Writes `bytes` to `path` (mode 0600, directories created) through a temporary file, so a

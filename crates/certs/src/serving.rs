@@ -91,6 +91,12 @@ pub fn draft_csr(node_name: &str, sans: &Sans) -> Result<CsrDraft, CertError> {
     params
         .subject_alt_names
         .extend(sans.ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    sign_request(&params)
+}
+
+/// A fresh ECDSA P-256 key and `params` as a PEM certificate request signed with it.
+pub(crate) fn sign_request(params: &CertificateParams) -> Result<CsrDraft, CertError> {
+    let fail = |e: rcgen::Error| CertError::Generate(e.to_string());
     let key = KeyPair::generate().map_err(fail)?;
     let csr_pem = params
         .serialize_request(&key)
@@ -163,14 +169,9 @@ impl ServingCert {
         self.not_before <= now && now < self.not_after
     }
 
-    /// When to ask for a new one: at 80 % of its lifetime, as client-go's certificate manager
-    /// does at the latest, so a renewal has a fifth of the lifetime to get through.
+    /// When to ask for a new one (see [`crate::renewal_time`]).
     pub fn renew_at(&self) -> SystemTime {
-        let lifetime = self
-            .not_after
-            .duration_since(self.not_before)
-            .unwrap_or_default();
-        self.not_before + lifetime.mul_f64(0.8)
+        crate::renewal_time(self.not_before, self.not_after)
     }
 
     /// Seconds since the Unix epoch of `not_after`, for a metric.
