@@ -75,7 +75,7 @@ impl Upstream {
             health: outpost_proxy::health::HealthConfig::default(),
             filters: None,
             secure: None,
-            client_renewal: None,
+            token_bootstrap: None,
         }
     }
 

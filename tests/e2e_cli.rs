@@ -355,6 +355,80 @@ async fn token_mode_takes_a_bootstrap_file() {
     assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
 }
 
+/// yurthub's `/v1/token` on the admin port: a new join token rewrites the bootstrap conf, and
+/// a client certificate that is gone (or expired) is obtained again at once with it. Bad
+/// bodies and unknown tokens are refused and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_token_rejoins_with_a_new_bootstrap_token() {
+    let (cluster, token, pin) = token_cluster("abcdef.0123456789abcdef").await;
+    let renewed = "bcdefa.123456789abcdef0";
+    cluster
+        .fake
+        .add_bootstrap_token(renewed)
+        .expect("second token");
+    let hub = cluster.start_hub_with(&token_mode_args(&cluster, token, &pin));
+    let root = cluster.dir.path().join("root");
+    let conf = root.join("bootstrap-hub.conf");
+    let conf_text = || std::fs::read_to_string(&conf).expect("bootstrap conf");
+    assert!(conf_text().contains(token));
+
+    let post = |body: &str, method: &str| {
+        format!(
+            "{method} /v1/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let answer = support::raw_http(
+        hub.admin,
+        post(&format!(r#"{{"jointoken":"{renewed}"}}"#), "POST").as_bytes(),
+    )
+    .await;
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert!(conf_text().contains(renewed), "{}", conf_text());
+    assert!(!conf_text().contains(token));
+
+    for (body, method, status) in [
+        (r#"{"token":"x"}"#, "POST", 400),
+        ("not json", "PUT", 400),
+        (r#"{"jointoken":"abc"}"#, "POST", 500),
+        (r#"{"jointoken":"cccccc.cccccccccccccccc"}"#, "PUT", 500),
+        ("", "GET", 405),
+    ] {
+        let answer = support::raw_http(hub.admin, post(body, method).as_bytes()).await;
+        assert_eq!(
+            answer.status,
+            status,
+            "{method} {body}: {}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        assert!(
+            conf_text().contains(renewed),
+            "{method} {body} changed the conf"
+        );
+    }
+
+    let pem = root.join("pki/yurthub-current.pem");
+    std::fs::remove_file(&pem).expect("kept certificate");
+    let answer = support::raw_http(
+        hub.admin,
+        post(&format!(r#"{{"jointoken":"{renewed}"}}"#), "PUT").as_bytes(),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&answer.body).into_owned();
+    assert_eq!(answer.status, 200, "{text}");
+    assert!(text.contains("client certificate issued"), "{text}");
+    let issued = outpost_certs::UpstreamTls::load(&pem, &pem.with_file_name("ca.crt"))
+        .expect("the new certificate loads");
+    assert_eq!(issued.identity.user, "system:node:edge-1");
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.0").await;
+    assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
+}
+
 /// The README's first command: the demo runs an outage end to end and exits 0.
 #[test]
 fn the_demo_shows_an_outage_and_exits_0() {

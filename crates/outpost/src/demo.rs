@@ -103,7 +103,7 @@ async fn run() -> Result<()> {
         },
         filters: None,
         secure: None,
-        client_renewal: None,
+        token_bootstrap: None,
     })
     .await?;
     println!(

@@ -74,8 +74,8 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),
             tokens_file: Some(v.root_dir.join("verified-tokens")),
         }),
-        client_renewal: match &v.identity {
-            IdentitySource::Token(_) => Some(files),
+        token_bootstrap: match &v.identity {
+            IdentitySource::Token(bootstrap) => Some(bootstrap.clone()),
             IdentitySource::Files(_) => None,
         },
     };

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use outpost_certs::IdentityInfo;
+use tracing::{info, warn};
 
 use crate::body::{self, ProxyBody};
 use crate::health::ServerStates;
@@ -267,6 +270,8 @@ pub struct Admin {
     pub readiness: Readiness,
     pub metrics: Metrics,
     pub pods: NodePods,
+    /// Token mode: what `/v1/token` re-runs.
+    pub token_bootstrap: Option<crate::bootstrap::TokenBootstrap>,
 }
 
 /// The source of `GET /pods`.
@@ -331,7 +336,10 @@ impl NodePods {
 }
 
 impl Admin {
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody> {
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.uri().path() == "/v1/token" {
+            return self.update_token(req).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
@@ -352,6 +360,51 @@ impl Admin {
                 resp
             }
             _ => text(StatusCode::NOT_FOUND, "not found\n"),
+        }
+    }
+
+    /// yurthub's `POST|PUT /v1/token` with `{"jointoken": "<id>.<secret>"}`: see
+    /// [`crate::bootstrap::TokenBootstrap::rejoin`]. Nothing to do in kubeletcertificate mode.
+    async fn update_token(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.method() != Method::POST && req.method() != Method::PUT {
+            return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        }
+        let Some(bootstrap) = &self.token_bootstrap else {
+            return text(
+                StatusCode::OK,
+                "nothing to update: the hub uses kubelet's client certificate\n",
+            );
+        };
+        let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
+            .collect()
+            .await
+        {
+            Ok(body) => body.to_bytes(),
+            Err(e) => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}\n"),
+                );
+            }
+        };
+        let token = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("jointoken")?.as_str().map(str::to_owned));
+        let Some(token) = token else {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "the body must be {\"jointoken\": \"<id>.<secret>\"}\n",
+            );
+        };
+        match bootstrap.rejoin(&token).await {
+            Ok(done) => {
+                info!(done, "bootstrap token updated through /v1/token");
+                text(StatusCode::OK, format!("{done}\n"))
+            }
+            Err(e) => {
+                warn!(error = %e, "bootstrap token update failed");
+                text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"))
+            }
         }
     }
 

@@ -90,8 +90,11 @@ impl TokenBootstrap {
         }
     }
 
+    /// `--bootstrap-file`, or where discovery keeps what it found.
     fn bootstrap_conf(&self) -> PathBuf {
-        self.root_dir.join("bootstrap-hub.conf")
+        self.bootstrap_file
+            .clone()
+            .unwrap_or_else(|| self.root_dir.join("bootstrap-hub.conf"))
     }
 
     /// The hub's client certificate files: kept from an earlier start, or obtained now.
@@ -117,24 +120,27 @@ impl TokenBootstrap {
     }
 
     async fn credentials(&self) -> Result<Credentials, String> {
-        if let Some(path) = &self.bootstrap_file {
-            return read_bootstrap_conf(path);
-        }
-        let kept = self.bootstrap_conf();
-        if kept.exists() {
-            return read_bootstrap_conf(&kept);
+        let conf = self.bootstrap_conf();
+        if conf.exists() {
+            return read_bootstrap_conf(&conf);
         }
         let token = self
             .join_token
             .as_deref()
-            .ok_or("--bootstrap-mode=token needs --join-token or --bootstrap-file")?;
+            .ok_or_else(|| format!("{} is missing and there is no --join-token", conf.display()))?;
         let token = BootstrapToken::parse(token).map_err(|e| format!("--join-token: {e}"))?;
+        self.discover_and_keep(&token).await
+    }
+
+    /// Discovery from the first server that answers; the result is kept as the bootstrap conf.
+    async fn discover_and_keep(&self, token: &BootstrapToken) -> Result<Credentials, String> {
         let mut problems = Vec::new();
         for server in &self.servers {
-            match self.discover(server, &token).await {
+            match self.discover(server, token).await {
                 Ok(creds) => {
                     let conf = bootstrap_kubeconfig(&creds);
-                    write_private(&kept, conf.as_bytes()).map_err(|e| e.to_string())?;
+                    write_private(&self.bootstrap_conf(), conf.as_bytes())
+                        .map_err(|e| e.to_string())?;
                     return Ok(creds);
                 }
                 Err(e) => problems.push(format!("{}: {e}", server.label())),
@@ -144,6 +150,24 @@ impl TokenBootstrap {
             "cluster-info discovery failed: {}",
             problems.join("; ")
         ))
+    }
+
+    /// yurthub's `/v1/token`: discovery with a new join token rewrites the bootstrap conf, and
+    /// a client certificate that has expired (or is gone) is obtained again with it at once, so
+    /// a node whose certificate lapsed while it was cut off can rejoin without a restart.
+    pub async fn rejoin(&self, token: &str) -> Result<&'static str, String> {
+        let token = BootstrapToken::parse(token)?;
+        let creds = self.discover_and_keep(&token).await?;
+        let files = self.files();
+        let current = UpstreamTls::load(&files.client_pem, &files.ca_file);
+        if current.is_ok_and(|tls| !tls.identity.is_expired_at(SystemTime::now())) {
+            return Ok("bootstrap token updated");
+        }
+        write_private(&files.ca_file, &creds.ca_pem).map_err(|e| e.to_string())?;
+        let pem = self.obtain_certificate(&creds, Instant::now()).await?;
+        write_private(&files.client_pem, pem.as_bytes()).map_err(|e| e.to_string())?;
+        info!(path = %files.client_pem.display(), "client certificate issued with the new bootstrap token");
+        Ok("bootstrap token updated; client certificate issued")
     }
 
     fn check_pin(&self, ca_pem: &[u8]) -> Result<(), String> {

@@ -76,9 +76,10 @@ pub struct HubConfig {
     pub filters: Option<filtering::FilterSettings>,
     /// The HTTPS port for in-cluster clients; `None` serves none.
     pub secure: Option<SecureConfig>,
-    /// Token mode: the client certificate is the hub's own, renewed into these files
-    /// ([`bootstrap::renew_client_certificate`]); `None` when it is kubelet's.
-    pub client_renewal: Option<bootstrap::IdentityFiles>,
+    /// Token mode: the client certificate is the hub's own, renewed in place
+    /// ([`bootstrap::renew_client_certificate`]) and re-bootstrapped by `/v1/token`; `None` when
+    /// it is kubelet's.
+    pub token_bootstrap: Option<bootstrap::TokenBootstrap>,
 }
 
 /// The secure port: where `masterservice` sends in-cluster clients.
@@ -221,13 +222,13 @@ impl Hub {
                 shutdown_rx.clone(),
             )),
         )];
-        if let Some(files) = config.client_renewal.clone() {
+        if let Some(token_bootstrap) = &config.token_bootstrap {
             tasks.push((
                 "client certificate renewal",
                 tokio::spawn(bootstrap::renew_client_certificate(
                     upstream.clone(),
                     config.node_name.clone(),
-                    files,
+                    token_bootstrap.files(),
                     shutdown_rx.clone(),
                 )),
             ));
@@ -364,6 +365,7 @@ impl Hub {
         let admin = Arc::new(admin::Admin {
             readiness,
             metrics,
+            token_bootstrap: config.token_bootstrap,
             pods: admin::NodePods {
                 pipeline: pipeline.clone(),
                 node_name: config.node_name.clone(),

@@ -24,6 +24,6 @@ pub fn hub_config(upstream: &str, tls: UpstreamTls, edge: Option<EdgeConfig>) ->
         health: outpost_proxy::health::HealthConfig::default(),
         filters: None,
         secure: None,
-        client_renewal: None,
+        token_bootstrap: None,
     }
 }
