@@ -355,6 +355,39 @@ async fn token_mode_takes_a_bootstrap_file() {
     assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
 }
 
+/// A node moved to another cluster: what the earlier bootstrap kept (its CA, its certificate,
+/// its bootstrap kubeconfig) is the old cluster's, so the hub drops it and bootstraps again
+/// instead of presenting a certificate the new apiserver does not trust.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mode_bootstraps_again_on_a_node_moved_to_another_cluster() {
+    let (cluster, token, pin) = token_cluster("abcdef.0123456789abcdef").await;
+    let old = TestPki::new().unwrap();
+    let draft = outpost_certs::bootstrap::draft_client_csr(support::NODE).expect("csr");
+    let usages = ["digital signature", "key encipherment", "client auth"];
+    let old_cert = old
+        .sign_csr_with_usages(&draft.csr_pem, &usages, Duration::from_secs(3600))
+        .expect("signed");
+    let pki = cluster.dir.path().join("root/pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    std::fs::write(
+        pki.join("yurthub-current.pem"),
+        format!("{old_cert}{}", draft.key_pem),
+    )
+    .unwrap();
+    std::fs::write(pki.join("ca.crt"), &old.ca_pem).unwrap();
+
+    let hub = cluster.start_hub_with(&token_mode_args(&cluster, token, &pin));
+    let log = hub.log_text();
+    assert!(log.contains("belongs to another cluster"), "{log}");
+    assert!(log.contains("client certificate issued"), "{log}");
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.0").await;
+    assert_eq!(node.status, 200, "{}", String::from_utf8_lossy(&node.body));
+    assert_eq!(
+        std::fs::read_to_string(pki.join("ca.crt")).unwrap(),
+        cluster.fake.pki().ca_pem
+    );
+}
+
 /// yurthub's `/v1/token` on the admin port: a new join token rewrites the bootstrap conf, and
 /// a client certificate that is gone (or expired) is obtained again at once with it. Bad
 /// bodies and unknown tokens are refused and change nothing.

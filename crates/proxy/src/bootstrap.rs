@@ -3,7 +3,9 @@
 //!
 //! 1. A certificate from an earlier start (`<root>/pki/yurthub-current.pem`, with
 //!    `<root>/pki/ca.crt`) that loads and has not expired is used as it is, so a node that
-//!    reboots while the cloud is away starts at once.
+//!    reboots while the cloud is away starts at once — unless it belongs to another cluster
+//!    (the kept discovery points to no `--server-addr`, or the CA is not pinned), when it is
+//!    dropped.
 //! 2. Otherwise the bootstrap credentials: `--bootstrap-file` (a kubeconfig with the CA and a
 //!    token), or `<root>/bootstrap-hub.conf` written by an earlier discovery, or discovery with
 //!    `--join-token`: `kube-public/cluster-info` read without trusting the server yet, its
@@ -100,6 +102,7 @@ impl TokenBootstrap {
     /// The hub's client certificate files: kept from an earlier start, or obtained now.
     pub async fn ensure(&self) -> Result<IdentityFiles, String> {
         let files = self.files();
+        self.forget_another_cluster(&files)?;
         if let Ok(tls) = UpstreamTls::load(&files.client_pem, &files.ca_file) {
             if !tls.identity.is_expired_at(SystemTime::now()) {
                 info!(path = %files.client_pem.display(), identity = %tls.identity.user, "client certificate from an earlier bootstrap");
@@ -117,6 +120,53 @@ impl TokenBootstrap {
             .map_err(|e| format!("the issued client certificate cannot be used: {e}"))?;
         info!(identity = %tls.identity.user, path = %files.client_pem.display(), "client certificate issued");
         Ok(files)
+    }
+
+    /// What an earlier bootstrap kept belongs to another cluster when the apiserver its
+    /// discovery found is none of `--server-addr` (yurthub wipes its root then, #367) or its CA
+    /// is not one `--discovery-token-ca-cert-hash` pins: the node was moved, and presenting the
+    /// old cluster's certificate would only fail. The kept files go and the hub bootstraps again.
+    fn forget_another_cluster(&self, files: &IdentityFiles) -> Result<(), String> {
+        let Some(reason) = self.kept_for_another_cluster(files) else {
+            return Ok(());
+        };
+        warn!(%reason, "the kept bootstrap belongs to another cluster; bootstrapping again");
+        let mut kept = vec![files.client_pem.clone(), files.ca_file.clone()];
+        if self.bootstrap_file.is_none() {
+            kept.push(self.bootstrap_conf());
+        }
+        for path in kept {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!("{}: {e}", path.display()));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn kept_for_another_cluster(&self, files: &IdentityFiles) -> Option<String> {
+        let conf = self.bootstrap_conf();
+        if self.bootstrap_file.is_none() && conf.exists() {
+            let kept = read_bootstrap_conf(&conf).ok()?;
+            let ours = |s: &Server| s.base.authority() == kept.server.base.authority();
+            if !self.servers.iter().any(ours) {
+                return Some(format!(
+                    "{} points to {}, which is not a --server-addr",
+                    conf.display(),
+                    kept.server.label()
+                ));
+            }
+        }
+        let ca = std::fs::read(&files.ca_file).ok()?;
+        if !self.skip_ca_verification && ca_is_pinned(&ca, &self.ca_pins) == Ok(false) {
+            return Some(format!(
+                "{} is not the CA --discovery-token-ca-cert-hash pins",
+                files.ca_file.display()
+            ));
+        }
+        None
     }
 
     async fn credentials(&self) -> Result<Credentials, String> {
@@ -552,6 +602,81 @@ fn bootstrap_kubeconfig(creds: &Credentials) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn token_bootstrap(root: &Path, server: &str, ca_pem: &str) -> TokenBootstrap {
+        TokenBootstrap {
+            node_name: "edge-1".into(),
+            servers: vec![Server::parse(server).expect("server")],
+            root_dir: root.to_owned(),
+            bootstrap_file: None,
+            join_token: Some("abcdef.0123456789abcdef".into()),
+            ca_pins: outpost_certs::bootstrap::ca_cert_hashes(ca_pem.as_bytes()).expect("pin"),
+            skip_ca_verification: false,
+            deadline: Duration::from_secs(1),
+        }
+    }
+
+    /// Leaves what a bootstrap against `server` with `ca_pem` keeps in `root`.
+    fn keep_bootstrap(root: &Path, server: &str, ca_pem: &str) {
+        let creds = Credentials {
+            server: Server::parse(server).expect("server"),
+            ca_pem: ca_pem.as_bytes().to_vec(),
+            token: "abcdef.0123456789abcdef".into(),
+        };
+        std::fs::create_dir_all(root.join("pki")).expect("pki");
+        std::fs::write(
+            root.join("bootstrap-hub.conf"),
+            bootstrap_kubeconfig(&creds),
+        )
+        .expect("conf");
+        std::fs::write(root.join("pki/ca.crt"), ca_pem).expect("ca");
+        std::fs::write(root.join("pki/yurthub-current.pem"), "kept").expect("pem");
+    }
+
+    #[test]
+    fn what_a_bootstrap_kept_for_another_cluster_is_dropped() {
+        let ours = outpost_testkit::TestPki::new().expect("pki").ca_pem;
+        let theirs = outpost_testkit::TestPki::new().expect("pki").ca_pem;
+        let server = "https://127.0.0.1:6443";
+        let cases = [
+            ("the same cluster", server, &ours, None),
+            (
+                "another server",
+                "https://10.0.0.9:6443",
+                &ours,
+                Some("not a --server-addr"),
+            ),
+            (
+                "another port",
+                "https://127.0.0.1:7443",
+                &ours,
+                Some("not a --server-addr"),
+            ),
+            ("another CA", server, &theirs, Some("not the CA")),
+        ];
+        for (case, kept_server, kept_ca, reason) in cases {
+            let dir = tempfile::tempdir().expect("tempdir");
+            keep_bootstrap(dir.path(), kept_server, kept_ca);
+            let bootstrap = token_bootstrap(dir.path(), server, &ours);
+            let files = bootstrap.files();
+            let found = bootstrap.kept_for_another_cluster(&files);
+            match reason {
+                None => assert_eq!(found, None, "{case}"),
+                Some(reason) => assert!(
+                    found.as_deref().is_some_and(|f| f.contains(reason)),
+                    "{case}: {found:?}"
+                ),
+            }
+            bootstrap.forget_another_cluster(&files).expect("forget");
+            let left = [
+                &files.client_pem,
+                &files.ca_file,
+                &bootstrap.bootstrap_conf(),
+            ]
+            .map(|p| p.exists());
+            assert_eq!(left, [reason.is_none(); 3], "{case}");
+        }
+    }
 
     #[test]
     fn a_kept_bootstrap_conf_reads_back() {
