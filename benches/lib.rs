@@ -130,6 +130,7 @@ impl SledCache {
             store: self.store.clone(),
             agents: CacheAgents::default(),
             volatile: None,
+            min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
         }
     }
 

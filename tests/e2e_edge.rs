@@ -737,3 +737,38 @@ async fn after_a_burst_the_hub_gives_freed_memory_back() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// An offline watch without `timeoutSeconds` lasts a random 1x-2x of `--min-request-timeout`,
+/// as kube-apiserver's do (yurthub's flag), so that clients reconnect spread out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_watch_without_a_timeout_lasts_the_min_request_timeout() {
+    let cluster = cluster_with_pods(&["a"]).await;
+    let mut args = cluster.hub_args();
+    args.push("--min-request-timeout=2s".into());
+    let hub = cluster.start_hub_with(&args);
+    let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let list = kubelet_get(&hub, &path).await;
+    assert_eq!(list.status, 200);
+    cluster.fake.refuse_connections();
+    until_cached(&hub, &path).await;
+
+    let started = Instant::now();
+    let watch = kubelet_get(&hub, &format!("{path}&watch=true&resourceVersion=0")).await;
+    let lasted = started.elapsed();
+    assert_eq!(
+        watch.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&watch.body)
+    );
+    assert!(served_from_cache(&watch));
+    assert!(
+        String::from_utf8_lossy(&watch.body).contains(r#""type":"ADDED""#),
+        "{}",
+        String::from_utf8_lossy(&watch.body)
+    );
+    assert!(
+        lasted >= Duration::from_secs(2) && lasted < Duration::from_secs(5),
+        "{lasted:?}"
+    );
+}

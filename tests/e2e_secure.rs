@@ -338,9 +338,11 @@ async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_need
     use outpost_certs::serving::{Sans, ServingCert, draft_csr};
     let cluster = Cluster::start().await;
     let ca = cluster.fake.pki().ca_pem.clone();
-    // A valid certificate from an earlier run, naming only the hub's own address.
+    // A valid certificate from an earlier run, naming only the hub's own address and
+    // `--node-ip`.
     let loopback: std::net::IpAddr = "127.0.0.1".parse().unwrap();
-    let draft = draft_csr(NODE, &Sans::for_hub([loopback])).unwrap();
+    let node_ip: std::net::IpAddr = "192.0.2.10".parse().unwrap();
+    let draft = draft_csr(NODE, &Sans::for_hub([loopback, node_ip])).unwrap();
     let signed = cluster
         .fake
         .pki()
@@ -356,12 +358,14 @@ async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_need
 
     // Offline, the kept certificate is what the port presents.
     cluster.fake.refuse_connections();
-    let hub = cluster.start_hub();
+    let mut args = cluster.hub_args();
+    args.push("--node-ip=192.0.2.10".into());
+    let hub = cluster.start_hub_with(&args);
     let presented = presented_certificate(hub.secure, &ca).await.unwrap();
     assert_eq!(presented, kept_der);
 
     // Back online, the hub learns the ClusterIP of default/kubernetes, which the kept one lacks,
-    // and replaces it, on disk and on the port.
+    // and replaces it, on disk and on the port, still naming `--node-ip`.
     cluster.fake.restore().await;
     let mut replaced = None;
     for _ in 0..200 {
@@ -376,7 +380,9 @@ async fn a_kept_certificate_serves_at_once_and_is_replaced_when_the_cluster_need
     assert_eq!(replaced, first_certificate(&kept_file));
     let on_disk = ServingCert::load(&kept_file).unwrap();
     assert!(
-        on_disk.sans.ips.contains(&"10.96.0.1".parse().unwrap()),
+        ["10.96.0.1", "192.0.2.10"]
+            .iter()
+            .all(|ip| on_disk.sans.ips.contains(&ip.parse().unwrap())),
         "{:?}; log:\n{}",
         on_disk.sans,
         hub.log_text()

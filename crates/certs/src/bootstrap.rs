@@ -7,12 +7,13 @@ use std::fmt;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rcgen::{CertificateParams, DnType};
+use rcgen::{KeyPair, PKCS_ECDSA_P256_SHA256, PublicKeyData, SigningKey};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
+use yasna::models::ObjectIdentifier;
 
 use crate::CertError;
-use crate::serving::{CsrDraft, sign_request};
+use crate::serving::CsrDraft;
 
 /// The signer of client certificates for the apiserver; yurt-manager approves the hub's.
 pub const KUBE_APISERVER_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
@@ -113,19 +114,68 @@ pub fn ca_is_pinned(ca_pem: &[u8], pins: &[String]) -> Result<bool, String> {
         .any(|hash| pins.iter().any(|pin| pin.trim().eq_ignore_ascii_case(hash))))
 }
 
-/// A new ECDSA P-256 key and a client request for `system:node:<node_name>` in the hub's two
-/// organizations.
-pub fn draft_client_csr(node_name: &str) -> Result<CsrDraft, CertError> {
+const OID_COMMON_NAME: &[u64] = &[2, 5, 4, 3];
+const OID_ORGANIZATION: &[u64] = &[2, 5, 4, 10];
+const OID_ECDSA_WITH_SHA256: &[u64] = &[1, 2, 840, 10045, 4, 3, 2];
+
+/// A new ECDSA P-256 key and a client request for `system:node:<node_name>` in the hub's
+/// organizations and `extra_organizations` (`--hub-cert-organizations`).
+///
+/// kube-apiserver makes a group of every O= of a client certificate, but rcgen's
+/// distinguished name holds one value per attribute type, so this request (RFC 2986) is
+/// written here with yasna, the DER writer rcgen uses, and signed with an rcgen key.
+pub fn draft_client_csr(
+    node_name: &str,
+    extra_organizations: &[String],
+) -> Result<CsrDraft, CertError> {
     let fail = |e: rcgen::Error| CertError::Generate(e.to_string());
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(fail)?;
-    let subject = &mut params.distinguished_name;
-    subject.push(DnType::CommonName, format!("system:node:{node_name}"));
-    // rcgen keeps one value per attribute type; the second organization goes in under its OID
-    // (2.5.4.10) spelled as a custom type, which encodes to the same attribute.
-    let [first, second] = HUB_ORGANIZATIONS;
-    subject.push(DnType::OrganizationName, first);
-    subject.push(DnType::CustomDnType(vec![2, 5, 4, 10]), second);
-    sign_request(&params)
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(fail)?;
+    let mut organizations: Vec<&str> = HUB_ORGANIZATIONS.to_vec();
+    for extra in extra_organizations {
+        if !organizations.contains(&extra.as_str()) {
+            organizations.push(extra);
+        }
+    }
+    let common_name = format!("system:node:{node_name}");
+    let info = yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_u8(0);
+            w.next().write_sequence(|w| {
+                attribute(w.next(), OID_COMMON_NAME, &common_name);
+                for org in &organizations {
+                    attribute(w.next(), OID_ORGANIZATION, org);
+                }
+            });
+            w.next().write_der(&key.subject_public_key_info());
+            w.next()
+                .write_tagged_implicit(yasna::Tag::context(0), |w| w.write_set(|_| {}));
+        });
+    });
+    let signature = key.sign(&info).map_err(fail)?;
+    let request = yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_der(&info);
+            w.next().write_sequence(|w| {
+                w.next()
+                    .write_oid(&ObjectIdentifier::from_slice(OID_ECDSA_WITH_SHA256));
+            });
+            w.next().write_bitvec_bytes(&signature, signature.len() * 8);
+        });
+    });
+    Ok(CsrDraft {
+        csr_pem: pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", request)),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// One relative distinguished name holding one attribute.
+fn attribute(w: yasna::DERWriter, oid: &[u64], value: &str) {
+    w.write_set(|w| {
+        w.next().write_sequence(|w| {
+            w.next().write_oid(&ObjectIdentifier::from_slice(oid));
+            w.next().write_utf8_string(value);
+        });
+    });
 }
 
 #[cfg(test)]
@@ -193,7 +243,8 @@ mod tests {
 
     #[test]
     fn the_client_request_names_the_node_and_the_hub_organizations() {
-        let draft = draft_client_csr("edge-1").expect("csr");
+        let extra = ["openyurt:tenant:ns1".to_owned(), "system:nodes".to_owned()];
+        let draft = draft_client_csr("edge-1", &extra).expect("csr");
         let der = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(
             draft.csr_pem.as_bytes(),
         )
@@ -202,10 +253,27 @@ mod tests {
         let (_, csr) =
             x509_parser::certification_request::X509CertificationRequest::from_der(der.as_ref())
                 .expect("der");
-        let subject = csr.certification_request_info.subject.to_string();
-        assert!(subject.contains("CN=system:node:edge-1"), "{subject}");
-        for org in HUB_ORGANIZATIONS {
-            assert!(subject.contains(&format!("O={org}")), "{subject}");
-        }
+        let subject = &csr.certification_request_info.subject;
+        let cn: Vec<&str> = subject
+            .iter_common_name()
+            .filter_map(|a| a.as_str().ok())
+            .collect();
+        assert_eq!(cn, ["system:node:edge-1"]);
+        let organizations: Vec<&str> = subject
+            .iter_organization()
+            .filter_map(|a| a.as_str().ok())
+            .collect();
+        assert_eq!(
+            organizations,
+            ["openyurt:yurthub", "system:nodes", "openyurt:tenant:ns1"]
+        );
+        // A CA (rcgen's parser checks the signature) accepts it.
+        let pki = outpost_testkit::TestPki::new().expect("pki");
+        let usages = ["digital signature", "key encipherment", "client auth"];
+        let cert = pki
+            .sign_csr_with_usages(&draft.csr_pem, &usages, std::time::Duration::from_secs(60))
+            .expect("signed");
+        let tls_pem = format!("{cert}{}", draft.key_pem);
+        assert!(tls_pem.contains("PRIVATE KEY"));
     }
 }

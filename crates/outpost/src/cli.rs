@@ -3,7 +3,7 @@
 //! [`Cli::parse_args`] only parses; [`HubFlags::validate`] turns the flags into a
 //! [`ValidatedHub`] or one clear error line, which `main` prints before exiting with code 2.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -179,8 +179,9 @@ pub struct HubFlags {
     #[arg(long, value_enum, default_value = "token")]
     pub bootstrap_mode: BootstrapMode,
     /// token mode: a bootstrap kubeconfig (server, CA, bootstrap token), as yurtadm writes it.
+    /// Empty means none, as in yurthub.
     #[arg(long)]
-    pub bootstrap_file: Option<PathBuf>,
+    pub bootstrap_file: Option<String>,
     /// token mode: a kubeadm bootstrap token; the cluster CA is discovered from
     /// `kube-public/cluster-info`, signed with it.
     #[arg(long)]
@@ -230,10 +231,10 @@ pub struct HubFlags {
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_dummy_if: bool,
-    /// IP of the dummy interface (default 169.254.2.1): where masterservice and friends point
-    /// in-cluster clients.
+    /// IP of the dummy interface: where masterservice and friends point in-cluster clients.
+    /// Empty means the default, 169.254.2.1 (fd00::2:1 when `--bind-address` is IPv6).
     #[arg(long, default_value = "169.254.2.1")]
-    pub dummy_if_ip: IpAddr,
+    pub dummy_if_ip: String,
     /// Enable response filters (yurthub's seven; see `--disabled-resource-filters`).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
@@ -247,6 +248,114 @@ pub struct HubFlags {
     /// Log verbosity, klog style: 0-1 info, 2-3 debug (one line per request), 4+ trace.
     #[arg(long = "v", default_value_t = 0)]
     pub verbosity: u8,
+    /// An offline watch without `timeoutSeconds` ends after a random 1x-2x of this, so that
+    /// clients reconnect spread out (Go duration).
+    #[arg(long, default_value = "1800s", value_parser = go_duration)]
+    pub min_request_timeout: Duration,
+    /// Token mode: more organizations (O=) in the hub's client certificate, comma separated;
+    /// `openyurt:tenant:<namespace>` is the one yurt-manager approves.
+    #[arg(long, value_delimiter = ',')]
+    pub hub_cert_organizations: Vec<String>,
+    /// Another address the secure port's serving certificate names (the Node's addresses are
+    /// named anyway). Empty means none.
+    #[arg(long)]
+    pub node_ip: Option<String>,
+    /// Name of the dummy interface, at most 15 characters. Outpost does not create the interface
+    /// (see `--enable-dummy-if`); the name is checked as yurthub checks it.
+    #[arg(long, default_value = "hub-dummy0")]
+    pub dummy_if_name: String,
+    #[command(flatten)]
+    pub inert: InertFlags,
+}
+
+/// yurthub flags that Outpost accepts so that a yurthub command line starts unchanged, but that
+/// change nothing: unused in yurthub too, or for features Outpost does not have. Setting one to
+/// anything but its default is logged at start ([`InertFlags::set`]).
+#[derive(Debug, Clone, Args)]
+pub struct InertFlags {
+    /// yurthub's pprof on the admin port. Outpost has none; profile it with `perf`.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub profiling: bool,
+    /// Unused, as in yurthub.
+    #[arg(long, default_value_t = 250)]
+    pub max_requests_in_flight: u32,
+    /// Unused, as in yurthub.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_iptables: bool,
+    /// Deprecated in yurthub. Pools always come from `NodePool.status.nodes`.
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_node_pool: bool,
+    /// yurthub's NodeBucket-based pool topology. Outpost reads `NodePool.status.nodes`.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_pool_service_topology: bool,
+    /// yurthub's period (minutes) for collecting cached events the cloud deleted. Outpost caches
+    /// no events kubelet writes, and relists converge everything else.
+    #[arg(long, default_value_t = 120)]
+    pub gc_frequency: u64,
+    /// yurthub's `local` working mode only, which Outpost does not have.
+    #[arg(long, default_value = "")]
+    pub host_control_plane_address: String,
+    /// yurthub's leader-hub multiplexer port. Outpost has no multiplexer.
+    #[arg(long, default_value_t = 10269)]
+    pub multiplexer_port: u16,
+    /// Resources the leader hub's multiplexer shares (`group/version/resource`, comma
+    /// separated). Outpost has no multiplexer.
+    #[arg(long, value_delimiter = ',', default_value = POOL_SCOPE_RESOURCES)]
+    pub pool_scope_resources: Vec<String>,
+}
+
+/// yurthub's `--pool-scope-resources` default.
+const POOL_SCOPE_RESOURCES: &str = "/v1/services,discovery.k8s.io/v1/endpointslices";
+
+impl InertFlags {
+    /// The flags given a value other than their default, as `--flag=value`.
+    pub fn set(&self) -> Vec<String> {
+        let mut set = Vec::new();
+        let mut note = |changed: bool, flag: &str, value: String| {
+            if changed {
+                set.push(format!("--{flag}={value}"));
+            }
+        };
+        note(!self.profiling, "profiling", "false".into());
+        note(
+            self.max_requests_in_flight != 250,
+            "max-requests-in-flight",
+            self.max_requests_in_flight.to_string(),
+        );
+        note(self.enable_iptables, "enable-iptables", "true".into());
+        note(!self.enable_node_pool, "enable-node-pool", "false".into());
+        note(
+            self.enable_pool_service_topology,
+            "enable-pool-service-topology",
+            "true".into(),
+        );
+        note(
+            self.gc_frequency != 120,
+            "gc-frequency",
+            self.gc_frequency.to_string(),
+        );
+        note(
+            !self.host_control_plane_address.is_empty(),
+            "host-control-plane-address",
+            self.host_control_plane_address.clone(),
+        );
+        note(
+            self.multiplexer_port != 10269,
+            "multiplexer-port",
+            self.multiplexer_port.to_string(),
+        );
+        let pool_scope = self.pool_scope_resources.join(",");
+        note(
+            pool_scope != POOL_SCOPE_RESOURCES,
+            "pool-scope-resources",
+            pool_scope,
+        );
+        set
+    }
 }
 
 /// The hub's settings after validation.
@@ -269,6 +378,9 @@ pub struct ValidatedHub {
     pub namespace: String,
     pub health: HealthConfig,
     pub filters: FilterSettings,
+    pub min_request_timeout: Duration,
+    /// `--node-ip`: named by the serving certificate.
+    pub node_ip: Option<IpAddr>,
 }
 
 impl HubFlags {
@@ -286,6 +398,23 @@ impl HubFlags {
             .map(str::to_owned);
         if self.heartbeat_timeout_seconds == 0 {
             return Err("--heartbeat-timeout-seconds must be at least 1".into());
+        }
+        let dummy_if_ip = self.dummy_if_ip()?;
+        let node_ip = match self.node_ip.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(ip) => Some(
+                ip.parse::<IpAddr>()
+                    .map_err(|e| format!("--node-ip: {ip:?}: {e}"))?,
+            ),
+        };
+        if self.dummy_if_name.len() > 15 {
+            return Err(format!(
+                "--dummy-if-name: {:?} is longer than 15 characters",
+                self.dummy_if_name
+            ));
+        }
+        if self.min_request_timeout.is_zero() {
+            return Err("--min-request-timeout must be more than 0".into());
         }
         Ok(ValidatedHub {
             servers,
@@ -313,13 +442,15 @@ impl HubFlags {
                 node_name: node_name.clone(),
                 pool_name: nodepool_name.clone(),
                 hub_host: if self.enable_dummy_if {
-                    self.dummy_if_ip
+                    dummy_if_ip
                 } else {
                     self.bind_proxy_address
                 },
                 hub_port: self.proxy_secure_port,
             },
             health,
+            min_request_timeout: self.min_request_timeout,
+            node_ip,
         })
     }
 }
@@ -347,7 +478,13 @@ impl HubFlags {
             }));
         }
         let join_token = self.join_token.clone().filter(|t| !t.trim().is_empty());
-        if join_token.is_none() && self.bootstrap_file.is_none() {
+        let bootstrap_file = self
+            .bootstrap_file
+            .as_deref()
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from);
+        if join_token.is_none() && bootstrap_file.is_none() {
             return Err(
                 "--bootstrap-mode=token needs --join-token or --bootstrap-file \
                         (or use --bootstrap-mode=kubeletcertificate)"
@@ -374,10 +511,16 @@ impl HubFlags {
             node_name: node_name.to_owned(),
             servers: servers.to_vec(),
             root_dir: self.root_dir.clone(),
-            bootstrap_file: self.bootstrap_file.clone(),
+            bootstrap_file,
             join_token,
             ca_pins,
             skip_ca_verification: self.discovery_token_unsafe_skip_ca_verification,
+            extra_organizations: self
+                .hub_cert_organizations
+                .iter()
+                .map(|o| o.trim().to_owned())
+                .filter(|o| !o.is_empty())
+                .collect(),
             deadline: Duration::from_secs(240),
         }))
     }
@@ -409,6 +552,36 @@ impl HubFlags {
             state_file: Some(self.root_dir.join("servers.json")),
         })
     }
+}
+
+impl HubFlags {
+    /// `--dummy-if-ip`, defaulted and checked as yurthub does.
+    fn dummy_if_ip(&self) -> Result<IpAddr, String> {
+        let ip = match self.dummy_if_ip.trim() {
+            "" if self.bind_address.is_ipv6() => {
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 2, 1))
+            }
+            "" => IpAddr::V4(Ipv4Addr::new(169, 254, 2, 1)),
+            ip => ip
+                .parse()
+                .map_err(|e| format!("--dummy-if-ip: {ip:?}: {e}"))?,
+        };
+        check_dummy_if_ip(ip)?;
+        Ok(ip)
+    }
+}
+
+/// yurthub's rule: an IPv4 dummy address is link-local, outside 169.254.31.0/24 and not
+/// 169.254.1.1 (both used by other node agents).
+fn check_dummy_if_ip(ip: IpAddr) -> Result<(), String> {
+    let IpAddr::V4(v4) = ip else { return Ok(()) };
+    let [a, b, c, _] = v4.octets();
+    if !v4.is_link_local() || (a, b, c) == (169, 254, 31) || v4 == Ipv4Addr::new(169, 254, 1, 1) {
+        return Err(format!(
+            "--dummy-if-ip: {ip} must be in 169.254.0.0/16, outside 169.254.31.0/24, and not 169.254.1.1"
+        ));
+    }
+    Ok(())
 }
 
 fn required(value: &Option<String>, flag: &str) -> Result<String, String> {
@@ -532,6 +705,49 @@ mod tests {
         .unwrap();
         // Unlike yurthub, the pool may come from the node's label instead.
         assert_eq!(no_pool.hub.validate().unwrap().nodepool_name, None);
+    }
+
+    /// Go's flags take `--flag=` for "unset"; yurthub defaults those, and so does Outpost.
+    #[test]
+    fn empty_values_mean_the_default() {
+        let mut args = GOOD.to_vec();
+        args.extend([
+            "--dummy-if-ip=",
+            "--node-ip=",
+            "--bootstrap-file=",
+            "--hub-cert-organizations=",
+        ]);
+        let v = parse(&args).unwrap().hub.validate().unwrap();
+        assert_eq!(v.filters.hub_host, "169.254.2.1".parse::<IpAddr>().unwrap());
+        assert_eq!(v.node_ip, None);
+        args.push("--bind-address=::1");
+        let v = parse(&args).unwrap().hub.validate().unwrap();
+        assert_eq!(v.filters.hub_host, "fd00::2:1".parse::<IpAddr>().unwrap());
+        assert_eq!(v.min_request_timeout, Duration::from_secs(1800));
+    }
+
+    #[test]
+    fn inert_flags_are_named_only_when_changed() {
+        let mut args = GOOD.to_vec();
+        args.extend([
+            "--profiling=true",
+            "--max-requests-in-flight=250",
+            "--pool-scope-resources=/v1/services,discovery.k8s.io/v1/endpointslices",
+        ]);
+        assert!(parse(&args).unwrap().hub.inert.set().is_empty());
+        args.extend([
+            "--enable-pool-service-topology",
+            "--gc-frequency=5",
+            "--host-control-plane-address=10.0.0.1:6443",
+        ]);
+        assert_eq!(
+            parse(&args).unwrap().hub.inert.set(),
+            [
+                "--enable-pool-service-topology=true",
+                "--gc-frequency=5",
+                "--host-control-plane-address=10.0.0.1:6443"
+            ]
+        );
     }
 
     #[test]

@@ -93,6 +93,7 @@ async fn run() -> Result<()> {
             store: Arc::new(store),
             agents: CacheAgents::default(),
             volatile: None,
+            min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
         }),
         namespace: "kube-system".into(),
         // One-second probes instead of yurthub's ten, so the demo's outage and recovery take

@@ -33,11 +33,15 @@ pub fn hub(flags: &HubFlags) -> ExitCode {
 
 fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> {
     let v = flags.validate().map_err(StartupError)?;
+    let inert = flags.inert.set();
+    if !inert.is_empty() {
+        warn!(flags = %inert.join(" "), "yurthub flags accepted for compatibility have no effect in outpost");
+    }
     create_dir(&v.root_dir, "--root-dir")?;
     let edge = match v.working_mode {
         WorkingMode::Edge => {
             create_dir(&v.disk_cache_path, "--disk-cache-path")?;
-            Some(open_cache(&v.disk_cache_path, v.compact_above_bytes)?)
+            Some(open_cache(&v)?)
         }
         WorkingMode::Cloud => None,
     };
@@ -73,6 +77,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),
             cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),
             tokens_file: Some(v.root_dir.join("verified-tokens")),
+            node_ip: v.node_ip,
         }),
         token_bootstrap: match &v.identity {
             IdentitySource::Token(bootstrap) => Some(bootstrap.clone()),
@@ -101,9 +106,10 @@ fn identity_files(source: &IdentitySource) -> Result<IdentityFiles, StartupError
 /// Opens the sled cache. Another process holding it (a second hub) is a start-up error; a cache
 /// that cannot be opened for any other reason (disk full, I/O errors) must not stop the node's
 /// traffic, so the hub runs with an in-memory cache and reports it degraded.
-fn open_cache(path: &Path, compact_above_bytes: Option<u64>) -> Result<EdgeConfig, StartupError> {
+fn open_cache(v: &ValidatedHub) -> Result<EdgeConfig, StartupError> {
+    let path = &v.disk_cache_path;
     let options = SledOptions {
-        compact_above_bytes,
+        compact_above_bytes: v.compact_above_bytes,
         ..SledOptions::default()
     };
     let (store, volatile): (Arc<dyn Store>, _) = match SledStore::open(path, options) {
@@ -126,6 +132,7 @@ fn open_cache(path: &Path, compact_above_bytes: Option<u64>) -> Result<EdgeConfi
         store,
         agents: CacheAgents::default(),
         volatile,
+        min_request_timeout: v.min_request_timeout,
     })
 }
 

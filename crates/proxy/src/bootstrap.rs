@@ -65,6 +65,8 @@ pub struct TokenBootstrap {
     pub ca_pins: Vec<String>,
     /// `--discovery-token-unsafe-skip-ca-verification`.
     pub skip_ca_verification: bool,
+    /// `--hub-cert-organizations`: more O= in the client certificate.
+    pub extra_organizations: Vec<String>,
     /// How long to wait for the certificate in all (yurthub waits 4 minutes).
     pub deadline: Duration,
 }
@@ -276,7 +278,8 @@ impl TokenBootstrap {
         creds: &Credentials,
         started: Instant,
     ) -> Result<String, String> {
-        let draft = draft_client_csr(&self.node_name).map_err(|e| e.to_string())?;
+        let draft = draft_client_csr(&self.node_name, &self.extra_organizations)
+            .map_err(|e| e.to_string())?;
         let client = https_client(verified_tls(&creds.ca_pem)?);
         let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
         let created = call(
@@ -317,12 +320,11 @@ const RENEWAL_RETRY: Duration = Duration::from_secs(30);
 
 /// Token mode, while the hub runs: after 80 % of the client certificate's lifetime, asks for a
 /// new one as the node (the current certificate authenticates the CSR, as client-go's manager
-/// does), checks it, and writes it over `files.client_pem`, where
+/// does), checks it, and writes it over the kept certificate, where
 /// [`crate::upstream::watch_client_certificate`] picks it up.
 pub async fn renew_client_certificate(
     upstream: Arc<Upstream>,
-    node_name: String,
-    files: IdentityFiles,
+    bootstrap: TokenBootstrap,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut identity = upstream.identity();
@@ -339,7 +341,7 @@ pub async fn renew_client_certificate(
             continue;
         }
         let renewed = tokio::select! {
-            renewed = renew_once(&upstream, &node_name, &files) => renewed,
+            renewed = renew_once(&upstream, &bootstrap) => renewed,
             _ = shutdown.wait_for(|stop| *stop) => return,
         };
         // After a renewal, wait until the hub has loaded it (its renewal time then moves on);
@@ -364,12 +366,10 @@ pub async fn renew_client_certificate(
     }
 }
 
-async fn renew_once(
-    upstream: &Upstream,
-    node_name: &str,
-    files: &IdentityFiles,
-) -> Result<(), String> {
-    let draft = draft_client_csr(node_name).map_err(|e| e.to_string())?;
+async fn renew_once(upstream: &Upstream, bootstrap: &TokenBootstrap) -> Result<(), String> {
+    let files = bootstrap.files();
+    let draft = draft_client_csr(&bootstrap.node_name, &bootstrap.extra_organizations)
+        .map_err(|e| e.to_string())?;
     let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
     let (name, cert_pem) = crate::csr::request(upstream, object, "client").await?;
     let staged = files.client_pem.with_extension("new");
@@ -612,6 +612,7 @@ mod tests {
             join_token: Some("abcdef.0123456789abcdef".into()),
             ca_pins: outpost_certs::bootstrap::ca_cert_hashes(ca_pem.as_bytes()).expect("pin"),
             skip_ca_verification: false,
+            extra_organizations: Vec::new(),
             deadline: Duration::from_secs(1),
         }
     }

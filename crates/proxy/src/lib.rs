@@ -91,6 +91,8 @@ pub struct SecureConfig {
     pub cert_file: PathBuf,
     /// Where accepted tokens' digests are kept; `None` keeps them in memory only.
     pub tokens_file: Option<PathBuf>,
+    /// `--node-ip`: one more address the serving certificate names.
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 /// The edge cache's settings.
@@ -101,6 +103,8 @@ pub struct EdgeConfig {
     /// Why the disk cache could not be opened, when `store` is an in-memory stand-in: the hub
     /// still proxies and caches for its own lifetime, and readiness says the cache is degraded.
     pub volatile: Option<String>,
+    /// `--min-request-timeout`: an offline watch without `timeoutSeconds` lasts 1x-2x of it.
+    pub min_request_timeout: Duration,
 }
 
 impl std::fmt::Debug for EdgeConfig {
@@ -186,7 +190,8 @@ impl Hub {
                     metrics.clone(),
                     c.volatile.is_some(),
                 )
-                .map_err(StartError::Writer)?,
+                .map_err(StartError::Writer)?
+                .with_min_request_timeout(c.min_request_timeout),
             ),
             None => None,
         };
@@ -227,8 +232,7 @@ impl Hub {
                 "client certificate renewal",
                 tokio::spawn(bootstrap::renew_client_certificate(
                     upstream.clone(),
-                    config.node_name.clone(),
-                    token_bootstrap.files(),
+                    token_bootstrap.clone(),
                     shutdown_rx.clone(),
                 )),
             ));
@@ -456,10 +460,15 @@ fn serve_secure(
     let manager = serving_cert::ServingCertManager::new(
         serving_cert::ServingCertConfig {
             node_name: node_name.to_owned(),
-            ips: [secure.addr.ip(), proxy_addr.ip()]
-                .into_iter()
-                .filter(|ip| !ip.is_unspecified())
-                .collect(),
+            ips: [
+                Some(secure.addr.ip()),
+                Some(proxy_addr.ip()),
+                secure.node_ip,
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|ip| !ip.is_unspecified())
+            .collect(),
             file: secure.cert_file.clone(),
         },
         pipeline.upstream.clone(),

@@ -105,6 +105,7 @@ async fn a_stopping_hub_applies_the_cache_writes_it_owes() {
         store: store.clone(),
         agents: CacheAgents::default(),
         volatile: None,
+        min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
     };
     let hub = Hub::start(common::hub_config(&fake.url(), tls, Some(edge)))
         .await

@@ -52,6 +52,8 @@ pub struct Edge {
     writer: Writer,
     health: Arc<ServerStates>,
     metrics: Metrics,
+    /// `--min-request-timeout`: how long an offline watch without `timeoutSeconds` lasts (1x-2x).
+    min_request_timeout: std::time::Duration,
 }
 
 impl Edge {
@@ -71,7 +73,14 @@ impl Edge {
             policy,
             writer,
             metrics,
+            min_request_timeout: watch::DEFAULT_MIN_REQUEST_TIMEOUT,
         })
+    }
+
+    /// `--min-request-timeout` instead of its default.
+    pub fn with_min_request_timeout(mut self, timeout: std::time::Duration) -> Edge {
+        self.min_request_timeout = timeout;
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -187,7 +196,8 @@ impl Edge {
             CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
             CachePlan::Watch { scope } => {
                 let online = self.health.subscribe();
-                watch::serve(&self.lists, &self.store, scope, info, online).await
+                let timeout = self.min_request_timeout;
+                watch::serve(&self.lists, &self.store, scope, info, online, timeout).await
             }
             CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
         };

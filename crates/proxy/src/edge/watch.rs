@@ -32,9 +32,9 @@ use crate::error::ProxyError;
 /// How often an idle offline watch sends a BOOKMARK when the client allows them.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 
-/// kube-apiserver's `--min-request-timeout` (1800 s): a watch without `timeoutSeconds` ends after
-/// a random 1x-2x of it, so that reconnects spread out.
-const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
+/// `--min-request-timeout`'s default, kube-apiserver's and yurthub's (1800 s): a watch without
+/// `timeoutSeconds` ends after a random 1x-2x of it, so that reconnects spread out.
+pub const DEFAULT_MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1800);
 
 /// What the stream starts with.
 struct Start {
@@ -52,6 +52,7 @@ pub async fn serve(
     scope: Scope,
     info: &RequestInfo,
     online: watch::Receiver<bool>,
+    min_request_timeout: Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let q = &info.query;
     let from = q.resource_version.clone().filter(|rv| rv != "0");
@@ -83,7 +84,7 @@ pub async fn serve(
     let timeout = q
         .timeout_seconds
         .filter(|&s| s > 0)
-        .map_or_else(default_timeout, Duration::from_secs);
+        .map_or_else(|| default_timeout(min_request_timeout), Duration::from_secs);
     let (tx, rx) = mpsc::channel(64);
     let bookmarks = q.allow_watch_bookmarks;
     tokio::spawn(stream(start, kind, bookmarks, timeout, online, tx));
@@ -195,11 +196,12 @@ fn expired_line(from: &str, detail: &str) -> Bytes {
     event_line("ERROR", &status.to_json())
 }
 
-fn default_timeout() -> Duration {
+fn default_timeout(min: Duration) -> Duration {
     let jitter = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()));
-    MIN_REQUEST_TIMEOUT + Duration::from_secs(jitter % MIN_REQUEST_TIMEOUT.as_secs())
+    let min_ms = u64::try_from(min.as_millis()).unwrap_or(u64::MAX).max(1);
+    min + Duration::from_millis(jitter % min_ms)
 }
 
 #[cfg(test)]
@@ -223,7 +225,9 @@ mod tests {
         assert_eq!(e["object"]["code"], 410);
         assert_eq!(e["object"]["reason"], "Expired");
         assert!(event_line("ADDED", b"{}").ends_with(b"}\n"));
-        let t = default_timeout();
-        assert!(t >= MIN_REQUEST_TIMEOUT && t < 2 * MIN_REQUEST_TIMEOUT);
+        for min in [DEFAULT_MIN_REQUEST_TIMEOUT, Duration::from_secs(2)] {
+            let t = default_timeout(min);
+            assert!(t >= min && t < 2 * min, "{min:?}: {t:?}");
+        }
     }
 }
