@@ -772,3 +772,118 @@ async fn an_offline_watch_without_a_timeout_lasts_the_min_request_timeout() {
         "{lasted:?}"
     );
 }
+
+/// A pod of a DaemonSet with the `OTA` update strategy, as yurt-manager marks it when the
+/// DaemonSet has a newer template (`PodNeedUpgrade=True`, the revision as message) or not.
+fn ota_pod(name: &str, node: &str, owner: &str, marked: bool) -> Value {
+    let mut pod = pod(name, node, "ota");
+    pod["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": owner, "name": "ds", "uid": "u-1"}]);
+    if marked {
+        pod["status"] = json!({"phase": "Running", "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "PodNeedUpgrade", "status": "True", "message": "ds-7d9f8c"}
+        ]});
+    }
+    pod
+}
+
+/// `POST` to the admin port; the status and the text answered.
+async fn admin_post(hub: &HubProcess, path: &str, method: &str) -> (u16, String) {
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let resp = raw_http(hub.admin, req.as_bytes()).await;
+    (
+        resp.status,
+        String::from_utf8_lossy(&resp.body).into_owned(),
+    )
+}
+
+/// yurthub's OTA endpoints: the node's owner pre-pulls the image of a marked DaemonSet pod
+/// (its status gets `PodImageReady=False`) and upgrades it (it is deleted, for the DaemonSet to
+/// recreate from the new template). Unmarked pods, other nodes' pods, and any request while the
+/// cloud is away are refused and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ota_pulls_the_image_of_and_upgrades_a_marked_daemonset_pod() {
+    let cluster = Cluster::start().await;
+    for pod in [
+        ota_pod("marked", NODE, "DaemonSet", true),
+        ota_pod("unmarked", NODE, "DaemonSet", false),
+        ota_pod("elsewhere", "edge-2", "DaemonSet", true),
+        ota_pod(&format!("static-{NODE}"), NODE, "Node", true),
+    ] {
+        cluster.fake.create("v1/pods", pod).unwrap();
+    }
+    let hub = cluster.start_hub();
+    let ota =
+        |pod: &str, action: &str| format!("/openyurt.io/v1/namespaces/default/pods/{pod}/{action}");
+
+    let (code, text) = admin_post(&hub, &ota("marked", "imagepull"), "POST").await;
+    assert_eq!(code, 200, "{text}");
+    let pod = cluster
+        .fake
+        .get("v1/pods", Some("default"), "marked")
+        .unwrap();
+    let conditions = pod["status"]["conditions"].as_array().unwrap();
+    let image_ready = conditions
+        .iter()
+        .find(|c| c["type"] == "PodImageReady")
+        .unwrap_or_else(|| panic!("{conditions:?}"));
+    assert_eq!(image_ready["status"], "False");
+    assert_eq!(image_ready["reason"], "WaitPullImage");
+    assert_eq!(image_ready["message"], "ds-7d9f8c");
+    assert!(conditions.iter().any(|c| c["type"] == "PodNeedUpgrade"));
+
+    for (pod, action, method, expected) in [
+        ("unmarked", "upgrade", "POST", 403),
+        ("elsewhere", "upgrade", "POST", 403),
+        ("missing", "imagepull", "POST", 403),
+        ("marked", "upgrade", "GET", 405),
+        (&format!("static-{NODE}") as &str, "upgrade", "POST", 501),
+    ] {
+        let (code, text) = admin_post(&hub, &ota(pod, action), method).await;
+        assert_eq!(code, expected, "{method} {pod} {action}: {text}");
+    }
+    for pod in ["unmarked", "elsewhere", "marked"] {
+        assert!(
+            cluster.fake.get("v1/pods", Some("default"), pod).is_some(),
+            "{pod}"
+        );
+    }
+
+    let (code, text) = admin_post(&hub, &ota("marked", "upgrade"), "POST").await;
+    assert_eq!(
+        (code, text.trim()),
+        (200, "Start updating pod default/marked")
+    );
+    assert!(
+        cluster
+            .fake
+            .get("v1/pods", Some("default"), "marked")
+            .is_none()
+    );
+
+    cluster
+        .fake
+        .create("v1/pods", ota_pod("marked-2", NODE, "DaemonSet", true))
+        .unwrap();
+    cluster.fake.refuse_connections();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, text) = admin_post(&hub, &ota("marked-2", "upgrade"), "POST").await;
+        if code == 503 {
+            assert!(text.contains("disconnected"), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {code} offline: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.fake.restore().await;
+    assert!(
+        cluster
+            .fake
+            .get("v1/pods", Some("default"), "marked-2")
+            .is_some()
+    );
+}

@@ -272,6 +272,8 @@ pub struct Admin {
     pub pods: NodePods,
     /// Token mode: what `/v1/token` re-runs.
     pub token_bootstrap: Option<crate::bootstrap::TokenBootstrap>,
+    /// `/openyurt.io/v1/namespaces/{ns}/pods/{name}/{upgrade,imagepull}`.
+    pub ota: crate::ota::Ota,
 }
 
 /// The source of `GET /pods`.
@@ -339,6 +341,10 @@ impl Admin {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
         if req.uri().path() == "/v1/token" {
             return self.update_token(req).await;
+        }
+        if let Some(ota) = crate::ota::OtaRequest::from_path(req.uri().path()) {
+            let (code, answer) = self.ota.handle(req.method(), &ota).await;
+            return text(code, format!("{answer}\n"));
         }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");

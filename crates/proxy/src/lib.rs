@@ -34,6 +34,7 @@ pub mod health;
 pub mod hubcfg;
 pub mod memory;
 pub mod metrics;
+pub mod ota;
 pub mod pipeline;
 pub mod reflector;
 pub mod route;
@@ -370,6 +371,10 @@ impl Hub {
             readiness,
             metrics,
             token_bootstrap: config.token_bootstrap,
+            ota: ota::Ota {
+                upstream: pipeline.upstream.clone(),
+                node_name: config.node_name.clone(),
+            },
             pods: admin::NodePods {
                 pipeline: pipeline.clone(),
                 node_name: config.node_name.clone(),

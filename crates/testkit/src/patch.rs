@@ -3,7 +3,8 @@
 //!
 //! Strategic merge patch really needs each Go type's `patchMergeKey` tags. The approximation here
 //! covers what clients send in practice: lists whose elements all carry a `name` (containers,
-//! volumes, env, ports…) are merged by name, `$patch: delete|replace` directives are honoured, and
+//! volumes, env, ports…) are merged by name, `conditions` (pods', nodes') by `type` as their
+//! `patchMergeKey` says, `$patch: delete|replace` directives are honoured, and
 //! other `$`-prefixed directives (`$setElementOrder/…`, `$retainKeys`, `$deleteFromPrimitiveList/…`)
 //! are dropped. Everything else behaves as a merge patch.
 
@@ -114,7 +115,7 @@ fn strategic_merge(doc: &mut Value, patch: &Value) {
                 strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value)
             }
             Value::Array(items) => {
-                let merged = merge_list(target.get(key), items);
+                let merged = merge_list(merge_key(key), target.get(key), items);
                 target.insert(key.clone(), merged);
             }
             _ => {
@@ -131,20 +132,25 @@ fn without_directives(map: &Map<String, Value>) -> Map<String, Value> {
         .collect()
 }
 
-fn name_of(v: &Value) -> Option<&str> {
-    v.get("name").and_then(Value::as_str)
+/// The `patchMergeKey` of a list field: `type` for status conditions, else `name`.
+fn merge_key(field: &str) -> &'static str {
+    match field {
+        "conditions" => "type",
+        _ => "name",
+    }
 }
 
-/// Lists of named objects merge by `name`; any other list is replaced.
-fn merge_list(current: Option<&Value>, patch: &[Value]) -> Value {
-    let keyed = !patch.is_empty() && patch.iter().all(|v| name_of(v).is_some());
+/// Lists whose elements all carry the merge key merge by it; any other list is replaced.
+fn merge_list(key: &str, current: Option<&Value>, patch: &[Value]) -> Value {
+    let key_of = |v: &Value| v.get(key).and_then(Value::as_str).map(str::to_owned);
+    let keyed = !patch.is_empty() && patch.iter().all(|v| key_of(v).is_some());
     let Some(Value::Array(existing)) = current.filter(|_| keyed) else {
         return Value::Array(patch.iter().filter(|v| !is_delete(v)).cloned().collect());
     };
     let mut out = existing.clone();
     for item in patch {
-        let name = name_of(item);
-        let pos = out.iter().position(|e| name_of(e) == name);
+        let name = key_of(item);
+        let pos = out.iter().position(|e| key_of(e) == name);
         match (pos, is_delete(item)) {
             (Some(i), true) => {
                 out.remove(i);
@@ -206,6 +212,27 @@ mod tests {
         assert_eq!(out["metadata"]["labels"]["b"], "2");
         let bad = json!([{"op": "test", "path": "/metadata/labels/a", "value": "9"}]);
         assert_eq!(patched(doc, PatchType::Json, bad).unwrap_err().code, 422);
+    }
+
+    #[test]
+    fn strategic_merge_merges_conditions_by_type() {
+        let doc = json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "PodNeedUpgrade", "status": "True", "message": "rev-2"}
+        ]}});
+        let patch = json!({"status": {"conditions": [
+            {"type": "PodImageReady", "status": "False"},
+            {"type": "Ready", "status": "False"}
+        ]}});
+        let out = patched(doc, PatchType::Strategic, patch).unwrap();
+        assert_eq!(
+            out["status"]["conditions"],
+            json!([
+                {"type": "Ready", "status": "False"},
+                {"type": "PodNeedUpgrade", "status": "True", "message": "rev-2"},
+                {"type": "PodImageReady", "status": "False"}
+            ])
+        );
     }
 
     #[test]
