@@ -124,6 +124,7 @@ fn filter_settings() -> FilterSettings {
         pool_name: Some("pool-a".into()),
         hub_host: "169.254.2.1".parse().expect("ip"),
         hub_port: 10268,
+        node_buckets: false,
     }
 }
 

@@ -281,6 +281,69 @@ async fn servicetopology_keeps_the_nodes_and_pools_endpoints_for_kube_proxy_and_
     hub.terminate();
 }
 
+/// A NodeBucket of `pool` holding `nodes`, as yurt-manager slices a large pool.
+fn bucket(name: &str, pool: &str, nodes: &[&str]) -> Value {
+    let nodes: Vec<Value> = nodes.iter().map(|n| json!({ "name": n })).collect();
+    json!({"apiVersion": "apps.openyurt.io/v1alpha1", "kind": "NodeBucket",
+           "metadata": {"name": name, "labels": {"openyurt.io/pool-name": pool}},
+           "numNodes": nodes.len(), "nodes": nodes})
+}
+
+/// `--enable-pool-service-topology`: the pool's nodes are the union of the NodeBuckets labelled
+/// with its name, not the NodePool's `status.nodes`, and follow the buckets live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pool_service_topology_the_pool_is_the_union_of_its_node_buckets() {
+    let cluster = topology_cluster().await;
+    const BUCKETS: &str = "apps.openyurt.io/v1alpha1/nodebuckets";
+    for b in [
+        bucket("pool-a-1", "pool-a", &[NODE]),
+        bucket("pool-a-2", "pool-a", &["edge-2"]),
+        bucket("pool-b-1", "pool-b", &["edge-3"]),
+    ] {
+        cluster.fake.create(BUCKETS, b).unwrap();
+    }
+    let mut args = cluster.hub_args();
+    args.push("--enable-pool-service-topology".into());
+    let hub = cluster.start_hub_with(&args);
+    let body = until_ready(&hub, "[+]filters ok").await;
+    assert!(body.contains("nodebuckets"), "{body}");
+
+    let path = format!("/apis/discovery.k8s.io/v1/endpointslices?{PROXY_SELECTOR}");
+    let pool_nodes = || async {
+        let list = ok_json(&call(&hub, &path, KUBE_PROXY, true).await, "by-pool");
+        endpoint_nodes(item(&list, "shop", "by-pool-abc"))
+    };
+    assert_eq!(pool_nodes().await, [NODE, "edge-2"]);
+
+    let mut grown = cluster.fake.get(BUCKETS, None, "pool-a-2").unwrap();
+    grown["nodes"] = json!([{"name": "edge-2"}, {"name": "edge-3"}]);
+    cluster.fake.update(BUCKETS, grown).unwrap();
+    let mut nodes = Vec::new();
+    for _ in 0..100 {
+        nodes = pool_nodes().await;
+        if nodes.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        nodes,
+        [NODE, "edge-2", "edge-3"],
+        "a grown bucket applies live"
+    );
+
+    cluster.fake.delete(BUCKETS, None, "pool-a-2").unwrap();
+    for _ in 0..100 {
+        nodes = pool_nodes().await;
+        if nodes.len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(nodes, [NODE], "a deleted bucket applies live");
+    hub.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_is_filtered_event_by_event_and_a_dropped_object_becomes_deleted() {
     let cluster = topology_cluster().await;

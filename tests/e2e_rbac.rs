@@ -71,13 +71,16 @@ async fn scenario(mode: Mode) -> Vec<RequestRecord> {
     cluster.fake.requests()
 }
 
-/// The suite's flags, with probes every second so that recovery is seen within the test.
+/// The suite's flags, with probes every second so that recovery is seen within the test. The
+/// cloud hub takes its pools from NodeBuckets, the edge hub from NodePools, so that both grants
+/// are exercised.
 fn hub_args(cluster: &Cluster, mode: Mode) -> Vec<String> {
     let mine: Vec<String> = match mode {
         Mode::Edge => vec!["--heartbeat-interval-seconds=1".into()],
         Mode::Cloud => vec![
             "--heartbeat-interval-seconds=1".into(),
             "--working-mode=cloud".into(),
+            "--enable-pool-service-topology".into(),
         ],
     };
     let flag = |arg: &str| arg.split('=').next().unwrap_or("").to_owned();

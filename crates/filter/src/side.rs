@@ -92,11 +92,54 @@ pub fn resolve_pool_name(
     Ok(labels.remove(NODE_POOL_LABEL).filter(|p| !p.is_empty()))
 }
 
+/// The label that puts a NodeBucket in a pool.
+pub const BUCKET_POOL_LABEL: &str = "openyurt.io/pool-name";
+
+/// A NodeBucket (`apps.openyurt.io/v1alpha1`): one slice of a pool's nodes, which yurt-manager
+/// keeps for large pools. A pool's nodes are the union of its buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBucketEntry {
+    pub name: String,
+    /// Its [`BUCKET_POOL_LABEL`]; `None` when it has none.
+    pub pool: Option<String>,
+    pub nodes: Vec<String>,
+}
+
+impl NodeBucketEntry {
+    pub fn from_json(body: &[u8]) -> Result<NodeBucketEntry, DecodeError> {
+        let obj: Object = serde_json::from_slice(body)?;
+        let pool = obj
+            .metadata
+            .labels
+            .and_then(|mut labels| labels.remove(BUCKET_POOL_LABEL))
+            .filter(|p| !p.is_empty());
+        Ok(NodeBucketEntry {
+            name: obj.metadata.name,
+            pool,
+            nodes: obj
+                .nodes
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| n.name)
+                .filter(|n| !n.is_empty())
+                .collect(),
+        })
+    }
+}
+
 #[derive(Deserialize)]
 struct Object {
     #[serde(default)]
     metadata: Meta,
     status: Option<PoolStatus>,
+    /// NodeBuckets list their nodes at the top level.
+    nodes: Option<Vec<BucketNode>>,
+}
+
+#[derive(Deserialize)]
+struct BucketNode {
+    #[serde(default)]
+    name: String,
 }
 
 #[derive(Default, Deserialize)]
@@ -117,6 +160,19 @@ struct PoolStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_a_node_bucket() {
+        let bucket = br#"{"apiVersion":"apps.openyurt.io/v1alpha1","kind":"NodeBucket",
+            "metadata":{"name":"hz-1","labels":{"openyurt.io/pool-name":"hangzhou"}},
+            "numNodes":2,"nodes":[{"name":"edge-1"},{"name":"edge-2"}]}"#;
+        let entry = NodeBucketEntry::from_json(bucket).unwrap();
+        assert_eq!(entry.name, "hz-1");
+        assert_eq!(entry.pool.as_deref(), Some("hangzhou"));
+        assert_eq!(entry.nodes, ["edge-1", "edge-2"]);
+        let unlabelled = NodeBucketEntry::from_json(br#"{"metadata":{"name":"x"}}"#).unwrap();
+        assert_eq!((unlabelled.pool, unlabelled.nodes.len()), (None, 0));
+    }
 
     #[test]
     fn reads_a_service() {

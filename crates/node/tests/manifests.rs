@@ -128,6 +128,8 @@ fn the_hub_role_grants_exactly_the_listed_calls() {
     let expected = [
         "/configmaps[yurt-hub-cfg]:get",
         "/configmaps[yurt-hub-cfg]:watch",
+        "apps.openyurt.io/nodebuckets:list",
+        "apps.openyurt.io/nodebuckets:watch",
         "apps.openyurt.io/nodepools:list",
         "apps.openyurt.io/nodepools:watch",
     ];

@@ -264,6 +264,11 @@ pub struct HubFlags {
     /// (see `--enable-dummy-if`); the name is checked as yurthub checks it.
     #[arg(long, default_value = "hub-dummy0")]
     pub dummy_if_name: String,
+    /// Pool topology (servicetopology's `openyurt.io/nodepool` keys) from NodeBuckets labelled
+    /// `openyurt.io/pool-name=<pool>` instead of `NodePool.status.nodes`.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub enable_pool_service_topology: bool,
     #[command(flatten)]
     pub inert: InertFlags,
 }
@@ -284,14 +289,11 @@ pub struct InertFlags {
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_iptables: bool,
-    /// Deprecated in yurthub. Pools always come from `NodePool.status.nodes`.
+    /// Deprecated in yurthub. Pools come from `NodePool.status.nodes`, or from NodeBuckets
+    /// with `--enable-pool-service-topology`.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_node_pool: bool,
-    /// yurthub's NodeBucket-based pool topology. Outpost reads `NodePool.status.nodes`.
-    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
-          default_missing_value = "true")]
-    pub enable_pool_service_topology: bool,
     /// yurthub's period (minutes) for collecting cached events the cloud deleted. Outpost caches
     /// no events kubelet writes, and relists converge everything else.
     #[arg(long, default_value_t = 120)]
@@ -328,11 +330,6 @@ impl InertFlags {
         );
         note(self.enable_iptables, "enable-iptables", "true".into());
         note(!self.enable_node_pool, "enable-node-pool", "false".into());
-        note(
-            self.enable_pool_service_topology,
-            "enable-pool-service-topology",
-            "true".into(),
-        );
         note(
             self.gc_frequency != 120,
             "gc-frequency",
@@ -447,6 +444,7 @@ impl HubFlags {
                     self.bind_proxy_address
                 },
                 hub_port: self.proxy_secure_port,
+                node_buckets: self.enable_pool_service_topology,
             },
             health,
             min_request_timeout: self.min_request_timeout,
@@ -736,14 +734,14 @@ mod tests {
         ]);
         assert!(parse(&args).unwrap().hub.inert.set().is_empty());
         args.extend([
-            "--enable-pool-service-topology",
+            "--enable-node-pool=false",
             "--gc-frequency=5",
             "--host-control-plane-address=10.0.0.1:6443",
         ]);
         assert_eq!(
             parse(&args).unwrap().hub.inert.set(),
             [
-                "--enable-pool-service-topology=true",
+                "--enable-node-pool=false",
                 "--gc-frequency=5",
                 "--host-control-plane-address=10.0.0.1:6443"
             ]

@@ -25,7 +25,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use outpost_cache::Store;
 use outpost_core::{RequestInfo, Verb};
-use outpost_filter::side::{NodePoolEntry, ServiceEntry, resolve_pool_name};
+use outpost_filter::side::{NodeBucketEntry, NodePoolEntry, ServiceEntry, resolve_pool_name};
 use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, LineFramer, Needs, Outcome};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -55,6 +55,9 @@ pub struct FilterSettings {
     /// address without the dummy interface) and `--proxy-secure-port`.
     pub hub_host: IpAddr,
     pub hub_port: u16,
+    /// `--enable-pool-service-topology`: a pool's nodes are the union of its NodeBuckets
+    /// instead of its NodePool's `status.nodes`.
+    pub node_buckets: bool,
 }
 
 /// The filters and their current side data, shared by every request.
@@ -355,7 +358,16 @@ impl SideData {
                 Box::new(Services(self.ctx.clone())),
             ));
         }
-        if needs.node_pools {
+        if needs.node_pools && settings.node_buckets {
+            sources.push((
+                "nodebuckets",
+                "/apis/apps.openyurt.io/v1alpha1/nodebuckets".into(),
+                Box::new(Buckets {
+                    ctx: self.ctx.clone(),
+                    buckets: BTreeMap::new(),
+                }),
+            ));
+        } else if needs.node_pools {
             sources.push((
                 "nodepools",
                 "/apis/apps.openyurt.io/v1beta1/nodepools".into(),
@@ -489,6 +501,54 @@ impl Handler for Pools {
             edit(&self.0, |ctx| {
                 ctx.remove_pool(&e.name);
             });
+        }
+    }
+}
+
+/// `--enable-pool-service-topology`: pools from NodeBuckets, each pool the union of the
+/// buckets labelled with its name.
+struct Buckets {
+    ctx: watch::Sender<Arc<FilterContext>>,
+    buckets: BTreeMap<String, NodeBucketEntry>,
+}
+
+impl Buckets {
+    fn publish(&self) {
+        let mut pools: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for bucket in self.buckets.values() {
+            if let Some(pool) = &bucket.pool {
+                let nodes = pools.entry(pool).or_default();
+                nodes.extend(bucket.nodes.iter().map(String::as_str));
+            }
+        }
+        edit(&self.ctx, |ctx| {
+            ctx.clear_pools();
+            for (pool, nodes) in &pools {
+                ctx.insert_pool(*pool, nodes.iter().copied());
+            }
+        });
+    }
+}
+
+impl Handler for Buckets {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+        self.buckets = objects
+            .values()
+            .filter_map(|o| NodeBucketEntry::from_json(o).ok())
+            .map(|b| (b.name.clone(), b))
+            .collect();
+        self.publish();
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        if let Ok(b) = NodeBucketEntry::from_json(object) {
+            self.buckets.insert(b.name.clone(), b);
+            self.publish();
+        }
+    }
+    fn remove(&mut self, object: &[u8]) {
+        if let Ok(b) = NodeBucketEntry::from_json(object) {
+            self.buckets.remove(&b.name);
+            self.publish();
         }
     }
 }

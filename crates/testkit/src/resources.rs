@@ -465,6 +465,17 @@ pub static RESOURCES: &[ResourceDef] = &[
         builtin: false,
         ..BASE
     },
+    ResourceDef {
+        group: "apps.openyurt.io",
+        version: "v1alpha1",
+        name: "nodebuckets",
+        singular: "nodebucket",
+        kind: "NodeBucket",
+        namespaced: false,
+        short_names: &["nb"],
+        builtin: false,
+        ..BASE
+    },
 ];
 
 /// The group/versions in discovery order (core first, then as kube-apiserver orders groups).
