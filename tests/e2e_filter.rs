@@ -118,6 +118,22 @@ fn endpoint_nodes(slice: &Value) -> Vec<String> {
 }
 
 /// A fake cluster with the namespace `shop` for the tests' objects.
+/// Polls (bounded) kube-proxy's EndpointSlice list until `slice`'s endpoints are on exactly
+/// `expected`; returns what the last read had, for the caller's assertion.
+async fn slice_nodes_until(hub: &HubProcess, slice: &str, expected: &[&str]) -> Vec<String> {
+    let path = format!("/apis/discovery.k8s.io/v1/endpointslices?{PROXY_SELECTOR}");
+    let mut nodes = Vec::new();
+    for _ in 0..100 {
+        let list = ok_json(&call(hub, &path, KUBE_PROXY, true).await, slice);
+        nodes = endpoint_nodes(item(&list, "shop", slice));
+        if nodes == expected {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nodes
+}
+
 async fn shop_cluster() -> Cluster {
     let cluster = Cluster::start().await;
     cluster
@@ -246,16 +262,7 @@ async fn servicetopology_keeps_the_nodes_and_pools_endpoints_for_kube_proxy_and_
         .unwrap();
     plain["metadata"]["annotations"] = json!({ TOPOLOGY: "kubernetes.io/hostname" });
     cluster.fake.update("v1/services", plain).unwrap();
-    let path = format!("/apis/discovery.k8s.io/v1/endpointslices?{PROXY_SELECTOR}");
-    let mut nodes = Vec::new();
-    for _ in 0..100 {
-        let list = ok_json(&call(&hub, &path, KUBE_PROXY, true).await, "after annotate");
-        nodes = endpoint_nodes(item(&list, "shop", "plain-abc"));
-        if nodes == [NODE] {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let nodes = slice_nodes_until(&hub, "plain-abc", &[NODE]).await;
     assert_eq!(nodes, [NODE], "the new annotation applies live");
 
     // And an annotation removed: the hub forgets the Service, and its endpoints go unfiltered.
@@ -265,14 +272,7 @@ async fn servicetopology_keeps_the_nodes_and_pools_endpoints_for_kube_proxy_and_
         .unwrap();
     by_host["metadata"]["annotations"] = json!({ "example.com/owner": "shop" });
     cluster.fake.update("v1/services", by_host).unwrap();
-    for _ in 0..100 {
-        let list = ok_json(&call(&hub, &path, KUBE_PROXY, true).await, "after removal");
-        nodes = endpoint_nodes(item(&list, "shop", "by-host-abc"));
-        if nodes.len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let nodes = slice_nodes_until(&hub, "by-host-abc", &[NODE, "edge-2", "edge-3"]).await;
     assert_eq!(
         nodes,
         [NODE, "edge-2", "edge-3"],
@@ -308,24 +308,13 @@ async fn with_pool_service_topology_the_pool_is_the_union_of_its_node_buckets() 
     let body = until_ready(&hub, "[+]filters ok").await;
     assert!(body.contains("nodebuckets"), "{body}");
 
-    let path = format!("/apis/discovery.k8s.io/v1/endpointslices?{PROXY_SELECTOR}");
-    let pool_nodes = || async {
-        let list = ok_json(&call(&hub, &path, KUBE_PROXY, true).await, "by-pool");
-        endpoint_nodes(item(&list, "shop", "by-pool-abc"))
-    };
-    assert_eq!(pool_nodes().await, [NODE, "edge-2"]);
+    let nodes = slice_nodes_until(&hub, "by-pool-abc", &[NODE, "edge-2"]).await;
+    assert_eq!(nodes, [NODE, "edge-2"], "the NodePool says edge-3");
 
     let mut grown = cluster.fake.get(BUCKETS, None, "pool-a-2").unwrap();
     grown["nodes"] = json!([{"name": "edge-2"}, {"name": "edge-3"}]);
     cluster.fake.update(BUCKETS, grown).unwrap();
-    let mut nodes = Vec::new();
-    for _ in 0..100 {
-        nodes = pool_nodes().await;
-        if nodes.len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let nodes = slice_nodes_until(&hub, "by-pool-abc", &[NODE, "edge-2", "edge-3"]).await;
     assert_eq!(
         nodes,
         [NODE, "edge-2", "edge-3"],
@@ -333,13 +322,7 @@ async fn with_pool_service_topology_the_pool_is_the_union_of_its_node_buckets() 
     );
 
     cluster.fake.delete(BUCKETS, None, "pool-a-2").unwrap();
-    for _ in 0..100 {
-        nodes = pool_nodes().await;
-        if nodes.len() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let nodes = slice_nodes_until(&hub, "by-pool-abc", &[NODE]).await;
     assert_eq!(nodes, [NODE], "a deleted bucket applies live");
     hub.terminate();
 }

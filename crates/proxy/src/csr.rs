@@ -10,7 +10,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::upstream::{OwnCall, Upstream};
+use crate::upstream::{OwnCall, OwnCallError, Upstream};
 
 pub(crate) const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const USER_AGENT: &str = "outpost/certificates";
@@ -100,9 +100,6 @@ pub(crate) async fn call(
     path: &str,
     body: Option<Value>,
 ) -> Result<(StatusCode, bytes::Bytes), String> {
-    let server = upstream
-        .pick()
-        .ok_or_else(|| "no healthy apiserver".to_owned())?;
     let call = OwnCall {
         method,
         path,
@@ -110,7 +107,10 @@ pub(crate) async fn call(
         body: body.map(|b| ("application/json", b)),
         timeout: CALL_TIMEOUT,
     };
-    upstream.own_call(server, call).await
+    upstream.own_call_any(call).await.map_err(|e| match e {
+        OwnCallError::Offline => "no healthy apiserver".to_owned(),
+        OwnCallError::Failed(e) => e,
+    })
 }
 
 /// `None` while pending; the PEM once issued; why not, once denied or failed.

@@ -19,7 +19,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tracing::info;
 
-use crate::upstream::{OwnCall, Upstream};
+use crate::upstream::{OwnCall, OwnCallError, Upstream};
 
 const USER_AGENT: &str = "outpost/ota";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -195,12 +195,6 @@ impl Ota {
         path: &str,
         patch: Option<Value>,
     ) -> Result<(StatusCode, bytes::Bytes), Answer> {
-        let server = self.upstream.pick().ok_or_else(|| {
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "OTA update is not allowed when edge is disconnected to cloud".to_owned(),
-            )
-        })?;
         let call = OwnCall {
             method,
             path,
@@ -208,10 +202,13 @@ impl Ota {
             body: patch.map(|p| ("application/strategic-merge-patch+json", p)),
             timeout: CALL_TIMEOUT,
         };
-        self.upstream
-            .own_call(server, call)
-            .await
-            .map_err(|e| (StatusCode::BAD_GATEWAY, format!("{path}: {e}")))
+        self.upstream.own_call_any(call).await.map_err(|e| match e {
+            OwnCallError::Offline => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "OTA update is not allowed when edge is disconnected to cloud".to_owned(),
+            ),
+            OwnCallError::Failed(e) => (StatusCode::BAD_GATEWAY, format!("{path}: {e}")),
+        })
     }
 }
 

@@ -257,7 +257,26 @@ pub struct OwnCall<'a> {
     pub timeout: Duration,
 }
 
+/// Why [`Upstream::own_call_any`] has no answer.
+#[derive(Debug)]
+pub enum OwnCallError {
+    /// No server is healthy: the hub is offline.
+    Offline,
+    Failed(String),
+}
+
 impl Upstream {
+    /// [`Upstream::own_call`] to a healthy server, picked per `--lb-mode`.
+    pub async fn own_call_any(
+        &self,
+        call: OwnCall<'_>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), OwnCallError> {
+        let server = self.pick().ok_or(OwnCallError::Offline)?;
+        self.own_call(server, call)
+            .await
+            .map_err(OwnCallError::Failed)
+    }
+
     /// Sends one of the hub's own requests as the node and reads the whole (small) answer,
     /// bounded by the call's timeout for headers and body alike.
     pub async fn own_call(
