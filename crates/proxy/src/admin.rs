@@ -272,6 +272,8 @@ pub struct Admin {
     pub pods: NodePods,
     /// Token mode: what `/v1/token` re-runs.
     pub token_bootstrap: Option<crate::bootstrap::TokenBootstrap>,
+    /// One `/v1/token` at a time: each rewrites the same files.
+    pub token_updates: tokio::sync::Mutex<()>,
     /// `/openyurt.io/v1/namespaces/{ns}/pods/{name}/{upgrade,imagepull}`.
     pub ota: crate::ota::Ota,
 }
@@ -402,6 +404,7 @@ impl Admin {
                 "the body must be {\"jointoken\": \"<id>.<secret>\"}\n",
             );
         };
+        let _one_at_a_time = self.token_updates.lock().await;
         match bootstrap.rejoin(&token).await {
             Ok(done) => {
                 info!(done, "bootstrap token updated through /v1/token");

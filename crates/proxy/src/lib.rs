@@ -371,6 +371,7 @@ impl Hub {
             readiness,
             metrics,
             token_bootstrap: config.token_bootstrap,
+            token_updates: tokio::sync::Mutex::default(),
             ota: ota::Ota {
                 upstream: pipeline.upstream.clone(),
                 node_name: config.node_name.clone(),
