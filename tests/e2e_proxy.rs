@@ -552,9 +552,59 @@ async fn admin_endpoints() {
         text.contains(r#"outpost_requests_total{code="200",component="kubelet",resource="nodes",verb="get"} 1"#),
         "{text}"
     );
-    assert!(text.contains("outpost_proxied_response_bytes_total{component=\"kubelet\"}"));
+    let sample = |series: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let bytes = sample(
+        r#"outpost_proxied_response_bytes_total{component="kubelet",resource="nodes",subresource="",verb="get"}"#,
+    );
+    assert!(bytes > 100.0, "{bytes}");
     assert!(text.contains("outpost_in_flight_requests"));
     assert!(text.contains("outpost_request_duration_seconds_bucket"));
+
+    // yurthub's names, for the dashboards and alerts written for it.
+    assert_eq!(
+        sample(
+            r#"node_yurthub_proxy_traffic_collector{client="kubelet",resource="nodes",subresources="",verb="get"}"#
+        ),
+        bytes
+    );
+    let server = cluster.fake.url();
+    assert_eq!(
+        sample(&format!(
+            r#"node_yurthub_server_healthy_status{{server="{}"}}"#,
+            server.trim_end_matches('/')
+        )),
+        1.0
+    );
+    assert_eq!(sample("node_yurthub_in_flight_requests_total"), 0.0);
+    // A watch stays in flight while its stream is open.
+    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    let req = format!(
+        "GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n"
+    );
+    watch.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut watch).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let metrics = get(hub.admin, "/metrics", "probe").await;
+    let watching = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        watching.contains(r#"node_yurthub_in_flight_requests_collector{client="kubelet",resource="pods",subresources="",verb="watch"} 1"#)
+            && watching.contains("node_yurthub_in_flight_requests_total 1"),
+        "{watching}"
+    );
+    drop(watch);
+    assert_eq!(sample("node_yurthub_error_keys_persistency_status"), 1.0);
+    assert!(
+        text.lines().any(|l| l.starts_with("openyurt_version_info{")
+            && l.contains(r#"component_name="yurthub""#)
+            && l.ends_with(" 1")),
+        "{text}"
+    );
 }
 
 /// exec/attach/port-forward: the hub forwards the upgrade and splices both directions.

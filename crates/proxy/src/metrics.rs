@@ -1,8 +1,11 @@
 //! Prometheus metrics of the proxy, registered in an explicit registry (no global state).
 //!
 //! Names carry the `outpost_` prefix. The `component` label is yurthub's component (User-Agent up to
-//! the first `/`), not the full User-Agent, to keep cardinality bounded.
+//! the first `/`), not the full User-Agent, to keep cardinality bounded. yurthub's own names
+//! (`node_yurthub_*`, `openyurt_version_info`) are derived from these at scrape time
+//! ([`yurthub_families`]), so that dashboards and alerts written for yurthub keep working.
 
+use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -63,7 +66,7 @@ impl Metrics {
                 "outpost_in_flight_requests",
                 "Requests being served right now (watches count until their stream ends).",
             ),
-            &["component", "verb"],
+            &REQUEST_LABELS,
         )
         .expect("valid metric definition");
         let upstream_errors = IntCounterVec::new(
@@ -77,9 +80,9 @@ impl Metrics {
         let response_bytes = IntCounterVec::new(
             Opts::new(
                 "outpost_proxied_response_bytes_total",
-                "Response body bytes sent to clients, by component.",
+                "Response body bytes sent to clients, by component and request.",
             ),
-            &["component"],
+            &REQUEST_LABELS,
         )
         .expect("valid metric definition");
         let latency = HistogramVec::new(
@@ -258,12 +261,176 @@ impl Metrics {
             .set(i64::try_from(identity.not_after_unix()).unwrap_or(i64::MAX));
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, yurthub's names included.
     pub fn render(&self) -> Vec<u8> {
+        let mut families = self.registry.gather();
+        let yurthub = yurthub_families(&families);
+        families.extend(yurthub);
         let mut out = Vec::new();
         // Encoding into a Vec only fails on invalid metric families, which registration prevents.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         out
+    }
+}
+
+/// The labels of per-request metrics: yurthub's (`client` is the component here).
+pub const REQUEST_LABELS: [&str; 4] = ["component", "verb", "resource", "subresource"];
+
+/// yurthub's metrics (`pkg/yurthub/metrics`), from the outpost families they correspond to:
+/// server health, requests in flight and their total, response bytes, whether the cache can
+/// persist, and the build. The multiplexer's and the connection tracker's have no counterpart.
+pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
+    let find = |name: &str| gathered.iter().find(|f| f.name() == name);
+    let request_labels = [
+        ("component", "client"),
+        ("verb", "verb"),
+        ("resource", "resource"),
+        ("subresource", "subresources"),
+    ];
+    let mut out = Vec::new();
+    if let Some(healthy) = find("outpost_server_healthy") {
+        out.push(renamed(
+            healthy,
+            "node_yurthub_server_healthy_status",
+            "healthy status of remote servers. 1: healthy, 0: unhealthy",
+            &[("server", "server")],
+        ));
+    }
+    let in_flight = find("outpost_in_flight_requests");
+    if let Some(in_flight) = in_flight {
+        out.push(renamed(
+            in_flight,
+            "node_yurthub_in_flight_requests_collector",
+            "collector of in flight requests handling by hub agent",
+            &request_labels,
+        ));
+    }
+    let total: f64 = in_flight
+        .map(|f| f.get_metric().iter().map(value).sum())
+        .unwrap_or_default();
+    out.push(single(
+        "node_yurthub_in_flight_requests_total",
+        "total of in flight requests handling by hub agent",
+        MetricType::GAUGE,
+        Vec::new(),
+        total,
+    ));
+    if let Some(bytes) = find("outpost_proxied_response_bytes_total") {
+        out.push(renamed(
+            bytes,
+            "node_yurthub_proxy_traffic_collector",
+            "collector of proxy response traffic by hub agent(unit: byte)",
+            &request_labels,
+        ));
+    }
+    let degraded = find("outpost_cache_degraded")
+        .and_then(|f| f.get_metric().first())
+        .map_or(0.0, value);
+    out.push(single(
+        "node_yurthub_error_keys_persistency_status",
+        "status of error keys persistency: 1 when the cache can persist writes",
+        MetricType::GAUGE,
+        Vec::new(),
+        if degraded > 0.0 { 0.0 } else { 1.0 },
+    ));
+    out.push(single(
+        "openyurt_version_info",
+        "A metric with a constant '1' value labeled by git version, git commit, build date, \
+         compiler, platform and component name from which OpenYurt was built.",
+        MetricType::GAUGE,
+        vec![
+            label("component_name", "yurthub"),
+            label(
+                "git_version",
+                concat!("outpost-v", env!("CARGO_PKG_VERSION")),
+            ),
+            label("git_commit", ""),
+            label("build_date", ""),
+            label("go_version", ""),
+            label("compiler", "rustc"),
+            label(
+                "platform",
+                &format!(
+                    "{}/{}",
+                    std::env::consts::OS,
+                    go_arch(std::env::consts::ARCH)
+                ),
+            ),
+            label("nodepoollabelkey", "apps.openyurt.io/nodepool"),
+        ],
+        1.0,
+    ));
+    out
+}
+
+/// `family` under yurthub's `name`, each metric's labels renamed by `labels` (from, to).
+fn renamed(family: &MetricFamily, name: &str, help: &str, labels: &[(&str, &str)]) -> MetricFamily {
+    let mut out = MetricFamily::default();
+    out.set_name(name.to_owned());
+    out.set_help(help.to_owned());
+    out.set_field_type(family.get_field_type());
+    for metric in family.get_metric() {
+        let mut pairs: Vec<LabelPair> = labels
+            .iter()
+            .filter_map(|(from, to)| {
+                let pair = metric.get_label().iter().find(|p| p.name() == *from)?;
+                Some(label(to, pair.value()))
+            })
+            .collect();
+        // As the registry writes them: sorted by name.
+        pairs.sort_by(|a, b| a.name().cmp(b.name()));
+        out.mut_metric()
+            .push(with_value(pairs, family.get_field_type(), value(metric)));
+    }
+    out
+}
+
+fn single(
+    name: &str,
+    help: &str,
+    kind: MetricType,
+    labels: Vec<LabelPair>,
+    v: f64,
+) -> MetricFamily {
+    let mut out = MetricFamily::default();
+    out.set_name(name.to_owned());
+    out.set_help(help.to_owned());
+    out.set_field_type(kind);
+    out.set_metric(vec![with_value(labels, kind, v)]);
+    out
+}
+
+fn with_value(labels: Vec<LabelPair>, kind: MetricType, v: f64) -> Metric {
+    let mut metric = Metric::from_label(labels);
+    if kind == MetricType::COUNTER {
+        let mut counter = Counter::default();
+        counter.set_value(v);
+        metric.set_counter(counter);
+    } else {
+        let mut gauge = Gauge::default();
+        gauge.set_value(v);
+        metric.set_gauge(gauge);
+    }
+    metric
+}
+
+fn value(metric: &Metric) -> f64 {
+    metric.get_gauge().get_value() + metric.get_counter().get_value()
+}
+
+fn label(name: &str, value: &str) -> LabelPair {
+    let mut pair = LabelPair::default();
+    pair.set_name(name.to_owned());
+    pair.set_value(value.to_owned());
+    pair
+}
+
+/// Go's `GOARCH` spelling, as yurthub's `platform` label has it.
+fn go_arch(arch: &str) -> &str {
+    match arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
     }
 }
 

@@ -355,17 +355,14 @@ impl Pipeline {
             .latency
             .with_label_values(&[verb])
             .observe(started.elapsed().as_secs_f64());
-        self.observe_body(resp, &component, in_flight)
-    }
-
-    /// Counts response bytes and keeps the request "in flight" until its body is done or dropped.
-    fn observe_body(
-        &self,
-        resp: Response<ProxyBody>,
-        component: &str,
-        in_flight: Option<InFlight>,
-    ) -> Response<ProxyBody> {
-        let bytes = self.metrics.response_bytes.with_label_values(&[component]);
+        let (resource, subresource) =
+            info.map_or(("", ""), |i| (i.resource.as_str(), i.subresource.as_str()));
+        let bytes = self.metrics.response_bytes.with_label_values(&[
+            component.as_str(),
+            verb,
+            resource,
+            subresource,
+        ]);
         resp.map(|b| counted(b, bytes, in_flight))
     }
 
@@ -517,9 +514,12 @@ struct InFlight(prometheus::IntGauge);
 impl InFlight {
     fn enter(metrics: &Metrics, info: &RequestInfo) -> InFlight {
         let component = info.component.as_deref().unwrap_or("none");
-        let gauge = metrics
-            .in_flight
-            .with_label_values(&[component, info.verb.as_str()]);
+        let gauge = metrics.in_flight.with_label_values(&[
+            component,
+            info.verb.as_str(),
+            info.resource.as_str(),
+            info.subresource.as_str(),
+        ]);
         gauge.inc();
         InFlight(gauge)
     }
