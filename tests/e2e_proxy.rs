@@ -599,6 +599,9 @@ async fn admin_endpoints() {
     );
     drop(watch);
     assert_eq!(sample("node_yurthub_error_keys_persistency_status"), 1.0);
+    // The process collector yurthub's registry has too.
+    assert!(sample("process_resident_memory_bytes") > 1e6);
+    assert!(sample("process_open_fds") > 3.0);
     assert!(
         text.lines().any(|l| l.starts_with("openyurt_version_info{")
             && l.contains(r#"component_name="yurthub""#)

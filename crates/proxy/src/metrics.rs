@@ -228,6 +228,14 @@ impl Metrics {
         ] {
             registry.register(c).expect("metric names are unique");
         }
+        // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds…: what
+        // yurthub's default process collector exports, and what node dashboards graph.
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process metric names are unique");
         Metrics {
             registry,
             requests,
