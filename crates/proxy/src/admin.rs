@@ -7,9 +7,12 @@
 //!   cannot persist) passes and says so. A check must fail for [`Readiness::flap_guard`] before it
 //!   is reported failed, so one failed probe does not flap readiness. Readiness never gates
 //!   requests, so the hub's own traffic cannot deadlock on it at start-up.
-//! - `GET /metrics`: Prometheus text exposition.
+//! - `GET /metrics`: Prometheus text exposition (outpost's series and yurthub's names for them).
 //! - `GET /pods`: this node's pods as a PodList, as yurthub serves them to OTA tooling: kubelet's
 //!   cached pods in edge mode (online or not), the cloud's in cloud mode.
+//! - `POST|PUT /v1/token`: token mode's rejoin with a new bootstrap token
+//!   ([`crate::bootstrap::TokenBootstrap::rejoin`]).
+//! - `POST /openyurt.io/v1/namespaces/{ns}/pods/{pod}/{upgrade,imagepull}`: OTA ([`crate::ota`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

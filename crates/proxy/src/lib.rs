@@ -18,7 +18,9 @@
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`memory`]: freed memory given back to the kernel after bursts (glibc's `malloc_trim`).
-//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`.
+//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`, `/v1/token`, OTA.
+//! - [`bootstrap`]: token mode — the hub's own client certificate, obtained, kept and renewed.
+//! - [`ota`]: yurthub's OTA endpoints for DaemonSet pods.
 //! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
 
 pub mod admin;
@@ -421,7 +423,7 @@ impl Hub {
     }
 
     /// Stops accepting, lets open connections finish within the grace period, applies the
-    /// cache writes they left queued (bounded by [`SHUTDOWN_DRAIN`]), and returns. A background
+    /// cache writes they left queued (bounded by `SHUTDOWN_DRAIN`, 5 s), and returns. A background
     /// task still busy after the grace period (an apiserver call that hangs) is aborted, so a
     /// stopping hub never waits on the cloud.
     pub async fn shutdown(self) {
