@@ -491,17 +491,8 @@ async fn v1_token_rejoins_with_a_new_bootstrap_token() {
     let conf_text = || std::fs::read_to_string(&conf).expect("bootstrap conf");
     assert!(conf_text().contains(token));
 
-    let post = |body: &str, method: &str| {
-        format!(
-            "{method} /v1/token HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    };
-    let answer = support::raw_http(
-        hub.admin,
-        post(&format!(r#"{{"jointoken":"{renewed}"}}"#), "POST").as_bytes(),
-    )
-    .await;
+    let rejoin = format!(r#"{{"jointoken":"{renewed}"}}"#);
+    let answer = support::send_json(hub.admin, "POST", "/v1/token", &rejoin).await;
     assert_eq!(
         answer.status,
         200,
@@ -518,7 +509,7 @@ async fn v1_token_rejoins_with_a_new_bootstrap_token() {
         (r#"{"jointoken":"cccccc.cccccccccccccccc"}"#, "PUT", 500),
         ("", "GET", 405),
     ] {
-        let answer = support::raw_http(hub.admin, post(body, method).as_bytes()).await;
+        let answer = support::send_json(hub.admin, method, "/v1/token", body).await;
         assert_eq!(
             answer.status,
             status,
@@ -533,11 +524,7 @@ async fn v1_token_rejoins_with_a_new_bootstrap_token() {
 
     let pem = root.join("pki/yurthub-current.pem");
     std::fs::remove_file(&pem).expect("kept certificate");
-    let answer = support::raw_http(
-        hub.admin,
-        post(&format!(r#"{{"jointoken":"{renewed}"}}"#), "PUT").as_bytes(),
-    )
-    .await;
+    let answer = support::send_json(hub.admin, "PUT", "/v1/token", &rejoin).await;
     let text = String::from_utf8_lossy(&answer.body).into_owned();
     assert_eq!(answer.status, 200, "{text}");
     assert!(text.contains("client certificate issued"), "{text}");

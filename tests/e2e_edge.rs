@@ -790,10 +790,7 @@ fn ota_pod(name: &str, node: &str, owner: &str, marked: bool) -> Value {
 
 /// `POST` to the admin port; the status and the text answered.
 async fn admin_post(hub: &HubProcess, path: &str, method: &str) -> (u16, String) {
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    let resp = raw_http(hub.admin, req.as_bytes()).await;
+    let resp = support::send_json(hub.admin, method, path, "").await;
     (
         resp.status,
         String::from_utf8_lossy(&resp.body).into_owned(),

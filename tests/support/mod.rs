@@ -263,6 +263,15 @@ pub async fn raw_http(addr: SocketAddr, request: &[u8]) -> RawResponse {
     RawResponse::parse(&buf)
 }
 
+/// `method path` with a JSON `body` (none when empty) and `Connection: close`, to `addr`.
+pub async fn send_json(addr: SocketAddr, method: &str, path: &str, body: &str) -> RawResponse {
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    raw_http(addr, req.as_bytes()).await
+}
+
 /// `GET path` with `Connection: close`, through `addr`.
 pub async fn get(addr: SocketAddr, path: &str, user_agent: &str) -> RawResponse {
     let req = format!(

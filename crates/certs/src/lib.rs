@@ -137,7 +137,7 @@ impl UpstreamTls {
         ca: Vec<u8>,
     ) -> Result<Self, CertError> {
         install_ring_provider();
-        let roots = load_roots(ca_file, &ca)?;
+        let roots = ca_roots(ca_file, &ca)?;
         let (chain, key) = load_identity(&client, client_pem)?;
         let identity = identity_info(client_pem, &chain[0])?;
         let builder = ClientConfig::builder().with_root_certificates(roots);
@@ -219,7 +219,8 @@ fn read(path: &Path) -> Result<Vec<u8>, CertError> {
     })
 }
 
-fn load_roots(ca_file: &Path, pem: &[u8]) -> Result<RootCertStore, CertError> {
+/// The certificates of a CA bundle as trust roots; `ca_file` names it in errors.
+pub fn ca_roots(ca_file: &Path, pem: &[u8]) -> Result<RootCertStore, CertError> {
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem) {
         let cert = cert.map_err(|e| CertError::invalid(ca_file, format!("bad PEM: {e}")))?;

@@ -91,12 +91,6 @@ pub fn draft_csr(node_name: &str, sans: &Sans) -> Result<CsrDraft, CertError> {
     params
         .subject_alt_names
         .extend(sans.ips.iter().map(|ip| SanType::IpAddress(*ip)));
-    sign_request(&params)
-}
-
-/// A fresh ECDSA P-256 key and `params` as a PEM certificate request signed with it.
-pub(crate) fn sign_request(params: &CertificateParams) -> Result<CsrDraft, CertError> {
-    let fail = |e: rcgen::Error| CertError::Generate(e.to_string());
     let key = KeyPair::generate().map_err(fail)?;
     let csr_pem = params
         .serialize_request(&key)

@@ -387,23 +387,17 @@ impl HubFlags {
         let health = self.health_config(&node_name)?;
         let servers = parse_servers(&required(&self.server_addr, "--server-addr")?)?;
         let identity = self.identity_source(&node_name, &servers)?;
-        let nodepool_name = self
-            .nodepool_name
-            .as_deref()
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned);
+        let nodepool_name = given(&self.nodepool_name).map(str::to_owned);
         if self.heartbeat_timeout_seconds == 0 {
             return Err("--heartbeat-timeout-seconds must be at least 1".into());
         }
         let dummy_if_ip = self.dummy_if_ip()?;
-        let node_ip = match self.node_ip.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(ip) => Some(
+        let node_ip = given(&self.node_ip)
+            .map(|ip| {
                 ip.parse::<IpAddr>()
-                    .map_err(|e| format!("--node-ip: {ip:?}: {e}"))?,
-            ),
-        };
+                    .map_err(|e| format!("--node-ip: {ip:?}: {e}"))
+            })
+            .transpose()?;
         if self.dummy_if_name.len() > 15 {
             return Err(format!(
                 "--dummy-if-name: {:?} is longer than 15 characters",
@@ -476,12 +470,7 @@ impl HubFlags {
             }));
         }
         let join_token = self.join_token.clone().filter(|t| !t.trim().is_empty());
-        let bootstrap_file = self
-            .bootstrap_file
-            .as_deref()
-            .map(str::trim)
-            .filter(|f| !f.is_empty())
-            .map(PathBuf::from);
+        let bootstrap_file = given(&self.bootstrap_file).map(PathBuf::from);
         if join_token.is_none() && bootstrap_file.is_none() {
             return Err(
                 "--bootstrap-mode=token needs --join-token or --bootstrap-file \
@@ -492,12 +481,7 @@ impl HubFlags {
         if let Some(token) = &join_token {
             BootstrapToken::parse(token).map_err(|e| format!("--join-token: {e}"))?;
         }
-        let ca_pins: Vec<String> = self
-            .discovery_token_ca_cert_hash
-            .iter()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .collect();
+        let ca_pins = given_list(&self.discovery_token_ca_cert_hash);
         if ca_pins.is_empty() && !self.discovery_token_unsafe_skip_ca_verification {
             return Err(
                 "--bootstrap-mode=token needs --discovery-token-ca-cert-hash \
@@ -513,12 +497,7 @@ impl HubFlags {
             join_token,
             ca_pins,
             skip_ca_verification: self.discovery_token_unsafe_skip_ca_verification,
-            extra_organizations: self
-                .hub_cert_organizations
-                .iter()
-                .map(|o| o.trim().to_owned())
-                .filter(|o| !o.is_empty())
-                .collect(),
+            extra_organizations: given_list(&self.hub_cert_organizations),
             deadline: Duration::from_secs(240),
         }))
     }
@@ -582,11 +561,25 @@ fn check_dummy_if_ip(ip: IpAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// A flag's value, trimmed; `None` when it is absent or empty (Go's `--flag=` means unset).
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// A list flag's values, trimmed, the empty ones left out.
+fn given_list(values: &[String]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 fn required(value: &Option<String>, flag: &str) -> Result<String, String> {
-    match value.as_deref().map(str::trim) {
-        Some(v) if !v.is_empty() => Ok(v.to_owned()),
-        _ => Err(format!("{flag} is required")),
-    }
+    given(value)
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{flag} is required"))
 }
 
 fn parse_servers(list: &str) -> Result<Vec<Server>, String> {

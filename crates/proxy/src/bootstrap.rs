@@ -35,7 +35,7 @@ use hyper_util::rt::TokioExecutor;
 use outpost_certs::bootstrap::{
     BootstrapToken, KUBE_APISERVER_CLIENT_SIGNER, ca_is_pinned, draft_client_csr,
 };
-use outpost_certs::{UpstreamTls, install_ring_provider, write_private};
+use outpost_certs::{UpstreamTls, ca_roots, install_ring_provider, write_private};
 use rustls::ClientConfig;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -115,13 +115,20 @@ impl TokenBootstrap {
         let started = Instant::now();
         let creds = self.credentials().await?;
         self.check_pin(&creds.ca_pem)?;
+        self.issue(&creds, started).await?;
+        Ok(files)
+    }
+
+    /// Keeps the cluster CA, obtains a certificate with `creds` and keeps it, once it loads.
+    async fn issue(&self, creds: &Credentials, started: Instant) -> Result<(), String> {
+        let files = self.files();
         write_private(&files.ca_file, &creds.ca_pem).map_err(|e| e.to_string())?;
-        let pem = self.obtain_certificate(&creds, started).await?;
+        let pem = self.obtain_certificate(creds, started).await?;
         write_private(&files.client_pem, pem.as_bytes()).map_err(|e| e.to_string())?;
         let tls = UpstreamTls::load(&files.client_pem, &files.ca_file)
             .map_err(|e| format!("the issued client certificate cannot be used: {e}"))?;
         info!(identity = %tls.identity.user, path = %files.client_pem.display(), "client certificate issued");
-        Ok(files)
+        Ok(())
     }
 
     /// What an earlier bootstrap kept belongs to another cluster when the apiserver its
@@ -215,10 +222,7 @@ impl TokenBootstrap {
         if current.is_ok_and(|tls| !tls.identity.is_expired_at(SystemTime::now())) {
             return Ok("bootstrap token updated");
         }
-        write_private(&files.ca_file, &creds.ca_pem).map_err(|e| e.to_string())?;
-        let pem = self.obtain_certificate(&creds, Instant::now()).await?;
-        write_private(&files.client_pem, pem.as_bytes()).map_err(|e| e.to_string())?;
-        info!(path = %files.client_pem.display(), "client certificate issued with the new bootstrap token");
+        self.issue(&creds, Instant::now()).await?;
         Ok("bootstrap token updated; client certificate issued")
     }
 
@@ -404,14 +408,7 @@ fn https_client(tls: ClientConfig) -> HttpsClient {
 
 fn verified_tls(ca_pem: &[u8]) -> Result<ClientConfig, String> {
     install_ring_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
-        let cert = cert.map_err(|e| format!("the cluster CA: bad PEM: {e}"))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("the cluster CA: {e}"))?;
-    }
+    let roots = ca_roots(Path::new("the cluster CA"), ca_pem).map_err(|e| e.to_string())?;
     Ok(ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth())

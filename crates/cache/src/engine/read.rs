@@ -161,7 +161,6 @@ fn replay_start(log: &[LogEntry], floor: &ResourceVersion, rv: &ResourceVersion)
     }
 }
 
-/// Whether a replayed event concerns the query (bookmarks always do).
 /// How a replayed event reaches a query that its scope's log answers without filtering exactly
 /// (a broader scope serving a narrower query). Like kube-apiserver's watch filter, an object
 /// that no longer matches the query's selectors is sent as DELETED, so the client drops what
@@ -170,6 +169,7 @@ fn replay_start(log: &[LogEntry], floor: &ResourceVersion, rv: &ResourceVersion)
 /// ignores a DELETED of an object it does not hold. An object that entered the scope after the
 /// client's version (its first entry in the tail is ADDED) was never the client's, and is left
 /// out. Namespaces never change, so an object of another namespace is always left out.
+/// Bookmarks always pass.
 fn narrowed(filter: &Filter<'_>, replayed: Replayed) -> Result<Option<Event>, String> {
     let Replayed { mut event, entered } = replayed;
     if event.event_type == EventType::Bookmark
