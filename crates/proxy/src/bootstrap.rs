@@ -157,8 +157,10 @@ impl TokenBootstrap {
 
     fn kept_for_another_cluster(&self, files: &IdentityFiles) -> Option<String> {
         let conf = self.bootstrap_conf();
-        if self.bootstrap_file.is_none() && conf.exists() {
-            let kept = read_bootstrap_conf(&conf).ok()?;
+        let kept = (self.bootstrap_file.is_none() && conf.exists())
+            .then(|| read_bootstrap_conf(&conf).ok())
+            .flatten();
+        if let Some(kept) = kept {
             let ours = |s: &Server| s.base.authority() == kept.server.base.authority();
             if !self.servers.iter().any(ours) {
                 return Some(format!(
@@ -674,6 +676,16 @@ mod tests {
             .map(|p| p.exists());
             assert_eq!(left, [reason.is_none(); 3], "{case}");
         }
+        // An unreadable bootstrap conf says nothing of the server; the CA is still checked.
+        let dir = tempfile::tempdir().expect("tempdir");
+        keep_bootstrap(dir.path(), server, &theirs);
+        std::fs::write(dir.path().join("bootstrap-hub.conf"), "not: [a kubeconfig").expect("conf");
+        let bootstrap = token_bootstrap(dir.path(), server, &ours);
+        let found = bootstrap.kept_for_another_cluster(&bootstrap.files());
+        assert!(
+            found.as_deref().is_some_and(|f| f.contains("not the CA")),
+            "{found:?}"
+        );
     }
 
     #[test]
