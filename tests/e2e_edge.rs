@@ -362,6 +362,71 @@ async fn offline_watch_is_a_real_stream() {
     );
 }
 
+/// An online watch ends as soon as its apiserver turns unhealthy: a link that went silent
+/// sends no FIN, and yurthub's watch hangs on it until its timeout (openyurt#2792), missing
+/// whatever changes after the link returns. Here the client watches again at once, the cache
+/// answers from where it was, and that offline watch ends when the cloud is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_online_watch_ends_when_its_apiserver_goes_silent() {
+    let cluster = cluster_with_pods(&["a", "b"]).await;
+    let hub = cluster.start_hub();
+    let (pods, fields) = node_pods(&hub);
+    let list = pods
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .expect("online list");
+    let wp = WatchParams::default().fields(&fields).timeout(300);
+    let mut online = pods
+        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
+    changed["metadata"]["labels"]["app"] = json!("changed");
+    cluster.fake.update("v1/pods", changed).unwrap();
+    let WatchEvent::Modified(a) = next_event(&mut online).await else {
+        panic!("expected the change of a");
+    };
+    let seen_rv = a.resource_version().unwrap();
+
+    cluster.fake.blackhole();
+    let went_silent = Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = online.next().await {
+            if let Ok(WatchEvent::Modified(_) | WatchEvent::Added(_) | WatchEvent::Deleted(_)) =
+                event
+            {
+                panic!("no object changes while the apiserver is silent");
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the watch must end once its apiserver is unhealthy\n{}",
+        hub.log_text()
+    );
+    let took = went_silent.elapsed();
+
+    // Watched again from the last version seen: the cache answers and has nothing newer.
+    let mut offline = pods
+        .watch(&wp, &seen_rv)
+        .await
+        .expect("offline watch")
+        .boxed();
+    assert_eq!(event_name(&next_event(&mut offline).await).0, "BOOKMARK");
+    cluster.fake.restore().await;
+    let back = tokio::time::timeout(Duration::from_secs(15), async {
+        while offline.next().await.is_some() {}
+    })
+    .await;
+    assert!(
+        back.is_ok(),
+        "the offline watch must end when the cloud is back"
+    );
+    eprintln!("the online watch ended {took:?} after the apiserver went silent");
+}
+
 /// (name, resourceVersion) of this node's pods, as upstream has them.
 fn upstream_pods(cluster: &Cluster) -> Vec<(String, String)> {
     let pods = cluster.fake.list("v1/pods", None);

@@ -435,6 +435,46 @@ async fn upstream_failures_become_status_bodies() {
     assert!(text.contains(r#"kind="timeout""#), "{text}");
 }
 
+/// In cloud mode too, a proxied watch ends once its apiserver turns unhealthy, instead of
+/// hanging on a link that went silent (see `e2e_edge::an_online_watch_ends_when_its_apiserver_goes_silent`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_mode_watch_ends_when_its_apiserver_goes_silent() {
+    let cluster = Cluster::start().await;
+    let mut args = cluster.hub_args();
+    args.push("--working-mode=cloud".into());
+    let hub = cluster.start_hub_with(&args);
+    let pods: Api<Pod> = Api::all(kube_client(&hub, UNCACHED_UA));
+    let fields = format!("spec.nodeName={NODE}");
+    let list = pods
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .expect("list");
+    let wp = WatchParams::default().fields(&fields).timeout(300);
+    let mut watch = pods
+        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
+        .await
+        .expect("watch")
+        .boxed();
+
+    cluster.fake.blackhole();
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = watch.next().await {
+            if let Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) =
+                event
+            {
+                panic!("no object changes while the apiserver is silent");
+            }
+        }
+    })
+    .await;
+    cluster.fake.restore().await;
+    assert!(
+        ended.is_ok(),
+        "the watch must end once its apiserver is unhealthy\n{}",
+        hub.log_text()
+    );
+}
+
 /// Retries `GET path` (bounded) until the hub answers 200: after an outage the server must pass
 /// its probes again before the hub sends it requests.
 async fn until_ok(hub: &HubProcess, path: &str) -> support::RawResponse {

@@ -169,6 +169,7 @@ impl Pipeline {
         let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
         let mut body = Some(body::stream(body));
         let mut sent = Err(ProxyError::NoUpstream);
+        let mut outage = None;
         for attempt in 0..2 {
             // The retry goes to another healthy server; with none left, the first error stands.
             let Some(server) = self.upstream.pick() else {
@@ -182,6 +183,8 @@ impl Pipeline {
             if route.filter.is_some() {
                 Filtering::prepare_upstream(upstream_req.headers_mut());
             }
+            // Taken before the send, so an outage during it still ends the watch.
+            outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
             sent = self.send(server, &route, upstream_req, deadline).await;
             let failed = self.note_outcome(server, &sent);
             let unreached = matches!(sent, Err(ref e) if e.is_upstream());
@@ -193,7 +196,7 @@ impl Pipeline {
             self.judge_token(token, resp.status());
         }
         let Some(edge) = &self.edge else {
-            return Ok(client_response(sent?, false));
+            return Ok(ended_by(outage, client_response(sent?, false)));
         };
         let fall_back = match &sent {
             Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
@@ -208,7 +211,7 @@ impl Pipeline {
             }
             return edge.serve(plan.clone(), info, &parts.headers).await;
         }
-        let resp = client_response(sent?, false);
+        let resp = ended_by(outage, client_response(sent?, false));
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
@@ -473,6 +476,18 @@ fn client_response(resp: Response<Incoming>, switching: bool) -> Response<ProxyB
     headers::strip_hop_by_hop(&mut parts.headers, switching);
     parts.extensions = http::Extensions::new();
     Response::from_parts(parts, body::stream(incoming))
+}
+
+/// A proxied watch ends when its apiserver turns unhealthy
+/// ([`crate::health::ServerStates::next_outage`]); other answers are left as they are.
+fn ended_by(
+    outage: Option<impl std::future::Future<Output = ()> + Send + Sync + 'static>,
+    resp: Response<ProxyBody>,
+) -> Response<ProxyBody> {
+    match outage {
+        Some(outage) => resp.map(|body| body::until(body, outage)),
+        None => resp,
+    }
 }
 
 /// A Kubernetes Status as a complete HTTP response.

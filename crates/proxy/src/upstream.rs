@@ -393,7 +393,11 @@ fn https_client(tls: rustls::ClientConfig, connect_timeout: Duration) -> HttpsCl
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
+    // yurthub's 30 s keepalive, with probes every 10 s and 3 tries, so that a connection whose
+    // peer vanished is given up within a minute rather than Linux's default 11 minutes.
     http.set_keepalive(Some(Duration::from_secs(30)));
+    http.set_keepalive_interval(Some(Duration::from_secs(10)));
+    http.set_keepalive_retries(Some(3));
     // HTTP/1.1 only: exec/attach/port-forward need HTTP/1.1 upgrades end to end.
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)

@@ -73,6 +73,8 @@ struct ServerState {
     healthy: AtomicBool,
     /// Consecutive successful probes since the last failure.
     streak: AtomicU32,
+    /// How many times the server turned unhealthy; streams from it end on a change.
+    outages: watch::Sender<u64>,
 }
 
 /// Health of every configured apiserver.
@@ -103,6 +105,7 @@ impl ServerStates {
                 server,
                 healthy: AtomicBool::new(initially_healthy.get(i).copied().unwrap_or(true)),
                 streak: AtomicU32::new(0),
+                outages: watch::Sender::new(0),
             })
             .collect();
         let states = ServerStates {
@@ -172,6 +175,23 @@ impl ServerStates {
         let _ = rx.wait_for(|online| !*online).await;
     }
 
+    /// Resolves when `server` next turns unhealthy (also when it does so before the first
+    /// poll: the count is taken now). A proxied watch ends on it: a link that went silent sends
+    /// no FIN, and a stream over it would hang until its timeout, missing what changes after the
+    /// link returns.
+    pub fn next_outage(&self, server: &Server) -> impl Future<Output = ()> + Send + Sync + 'static {
+        let outages = self
+            .index_of(server)
+            .map(|i| self.servers[i].outages.subscribe());
+        async move {
+            match outages {
+                // An error means the states are gone: the hub is shutting down.
+                Some(mut outages) => _ = outages.changed().await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
     /// The result of one probe (after its retries).
     pub fn record_probe(&self, index: usize, ok: bool, cause: &str) {
         let Some(s) = self.servers.get(index) else {
@@ -205,6 +225,7 @@ impl ServerStates {
             info!(server = %s.label, "apiserver healthy");
         } else {
             warn!(server = %s.label, cause, "apiserver unhealthy");
+            s.outages.send_modify(|n| *n += 1);
         }
         self.gauge
             .with_label_values(&[s.label.as_str()])
@@ -245,6 +266,38 @@ mod tests {
             .map(|i| Server::parse(&format!("127.0.0.1:{}", 1000 + i)).unwrap())
             .collect();
         ServerStates::new(servers, &[], threshold, &Metrics::new())
+    }
+
+    #[tokio::test]
+    async fn next_outage_resolves_when_that_server_turns_unhealthy() {
+        use std::future::Future;
+        use std::task::{Context, Poll};
+        let s = states(2, 1);
+        let first = s.server(0).unwrap().clone();
+        let pending = |f: &mut std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>| {
+            f.as_mut()
+                .poll(&mut Context::from_waker(std::task::Waker::noop()))
+                == Poll::Pending
+        };
+        let mut outage: std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> =
+            Box::pin(s.next_outage(&first));
+        s.record_probe(1, false, "the other server");
+        s.record_probe(0, true, "already healthy");
+        assert!(pending(&mut outage));
+        s.record_probe(0, false, "refused");
+        assert!(
+            !pending(&mut outage),
+            "taken before the outage, resolved by it"
+        );
+
+        // Taken while unhealthy: the next outage is the one after a recovery.
+        let mut next: std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>> =
+            Box::pin(s.next_outage(&first));
+        s.record_probe(0, false, "still refused");
+        assert!(pending(&mut next), "failing again is not a new outage");
+        s.record_probe(0, true, "back");
+        s.record_probe(0, false, "gone again");
+        assert!(!pending(&mut next));
     }
 
     #[test]
