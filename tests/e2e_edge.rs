@@ -427,6 +427,69 @@ async fn an_online_watch_ends_when_its_apiserver_goes_silent() {
     eprintln!("the online watch ended {took:?} after the apiserver went silent");
 }
 
+/// The pods of a streaming list (`sendInitialEvents=true`: kube-rs `streaming_lists()`,
+/// client-go's WatchListClient), up to its end-of-initial-events bookmark.
+async fn streamed_list(pods: Api<Pod>, fields: &str) -> Vec<String> {
+    use kube::runtime::watcher;
+    let config = watcher::Config::default().fields(fields).streaming_lists();
+    let mut events = watcher(pods, config).boxed();
+    let mut names = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(15), events.next())
+            .await
+            .expect("the streaming list goes on within 15 s")
+            .expect("the stream is open")
+            .expect("a good event");
+        match event {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(pod) => names.push(pod.name_any()),
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected before the end of the initial events: {other:?}"),
+        }
+    }
+    names.sort();
+    names
+}
+
+/// A streaming list is a LIST as much as a watch: its initial events, up to the
+/// `k8s.io/initial-events-end` bookmark, are the scope's whole state. The cache replaces the
+/// scope with them, as with a LIST: an object deleted while the hub was offline does not come
+/// back, and a client that only ever streams its lists is served offline too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_replaces_the_cached_scope() {
+    let cluster = cluster_with_pods(&["a", "b"]).await;
+    let hub = cluster.start_hub();
+    let list_path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    assert_eq!(kubelet_get(&hub, &list_path).await.status, 200);
+
+    cluster.fake.refuse_connections();
+    let cached = until_cached(&hub, &list_path).await;
+    assert_eq!(names(&cached.json()), ["a", "b"]);
+    cluster
+        .fake
+        .delete("v1/pods", Some("default"), "b")
+        .unwrap();
+    cluster
+        .fake
+        .create("v1/pods", pod("c", NODE, "web"))
+        .unwrap();
+    cluster.fake.restore().await;
+    wait_online(&hub).await;
+
+    let (pods, fields) = node_pods(&hub);
+    assert_eq!(streamed_list(pods.clone(), &fields).await, ["a", "c"]);
+
+    cluster.fake.refuse_connections();
+    cluster.fake.cut_watches();
+    let offline = until_cached(&hub, &list_path).await;
+    assert_eq!(names(&offline.json()), ["a", "c"], "b was deleted upstream");
+    assert_eq!(
+        streamed_list(pods, &fields).await,
+        ["a", "c"],
+        "offline, from the cache"
+    );
+}
+
 /// (name, resourceVersion) of this node's pods, as upstream has them.
 fn upstream_pods(cluster: &Cluster) -> Vec<(String, String)> {
     let pods = cluster.fake.list("v1/pods", None);

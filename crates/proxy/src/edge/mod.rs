@@ -172,7 +172,13 @@ impl Edge {
         Some(match plan {
             CachePlan::Object { key } => Sink::Object(key.clone()),
             CachePlan::List { scope } => Sink::List(scope.clone()),
-            CachePlan::Watch { scope } => Sink::Watch(scope.clone()),
+            CachePlan::Watch {
+                scope,
+                initial_events,
+            } => Sink::Watch {
+                scope: scope.clone(),
+                initial_events: *initial_events,
+            },
             CachePlan::Discovery { .. } => unreachable!("handled above"),
         })
     }
@@ -194,7 +200,7 @@ impl Edge {
         let result = match plan {
             CachePlan::Object { key } => offline::get(&self.store, key).await,
             CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
-            CachePlan::Watch { scope } => {
+            CachePlan::Watch { scope, .. } => {
                 let online = self.health.subscribe();
                 let timeout = self.min_request_timeout;
                 watch::serve(&self.lists, &self.store, scope, info, online, timeout).await

@@ -90,8 +90,10 @@ pub enum CachePlan {
     Object { key: ObjectKey },
     /// LIST: the response replaces `scope`; offline, the cache answers `query`.
     List { scope: Scope },
-    /// WATCH: events update `scope`; offline, a local stream serves it.
-    Watch { scope: Scope },
+    /// WATCH: events update `scope`; offline, a local stream serves it. `initial_events`: the
+    /// stream may begin with the scope's whole state, ended by a `k8s.io/initial-events-end`
+    /// bookmark (a streaming list, see `tee`).
+    Watch { scope: Scope, initial_events: bool },
     /// A discovery document (`/version`, `/api`, `/apis/<g>/<v>`…), cached for any caller.
     Discovery { path: String },
 }
@@ -111,9 +113,15 @@ impl CachePlan {
                 scope.component = partitioned(&scope.component);
                 CachePlan::List { scope }
             }
-            CachePlan::Watch { mut scope } => {
+            CachePlan::Watch {
+                mut scope,
+                initial_events,
+            } => {
                 scope.component = partitioned(&scope.component);
-                CachePlan::Watch { scope }
+                CachePlan::Watch {
+                    scope,
+                    initial_events,
+                }
             }
             // Discovery documents are the same for everyone and cached once.
             discovery @ CachePlan::Discovery { .. } => discovery,
@@ -175,10 +183,20 @@ impl CachePolicy {
             }),
             Verb::Watch if info.subresource.is_empty() => Some(CachePlan::Watch {
                 scope: scope_of(component, &gvr, info),
+                initial_events: may_stream_a_list(info),
             }),
             _ => None,
         }
     }
+}
+
+/// Whether a watch may open with the scope's whole state and mark its end with a bookmark:
+/// asked for (`sendInitialEvents=true`), or a watch from "now" or "0" that kube-apiserver with
+/// WatchList turns into one. Either way only with bookmarks allowed: the marker is one.
+fn may_stream_a_list(info: &RequestInfo) -> bool {
+    let q = &info.query;
+    let from_any = matches!(q.resource_version.as_deref(), None | Some("") | Some("0"));
+    q.allow_watch_bookmarks && q.send_initial_events.unwrap_or(from_any)
 }
 
 /// kube-apiserver puts a namespace's own name in `namespace`; the object itself has none.
@@ -214,6 +232,34 @@ mod tests {
     }
 
     #[test]
+    fn which_watches_may_open_with_a_streamed_list() {
+        let initial_events = |query: &str| match plan_for(
+            Method::GET,
+            &format!("/api/v1/pods?watch=true&{query}"),
+            KUBELET,
+        ) {
+            Some(CachePlan::Watch { initial_events, .. }) => initial_events,
+            other => panic!("{query}: {other:?}"),
+        };
+        let streamed = "sendInitialEvents=true&resourceVersionMatch=NotOlderThan";
+        assert!(initial_events(&format!(
+            "{streamed}&allowWatchBookmarks=true"
+        )));
+        assert!(initial_events(&format!(
+            "{streamed}&allowWatchBookmarks=true&resourceVersion=42"
+        )));
+        assert!(!initial_events(streamed), "the marker is a bookmark");
+        assert!(initial_events("allowWatchBookmarks=true"));
+        assert!(initial_events("allowWatchBookmarks=true&resourceVersion=0"));
+        assert!(!initial_events(
+            "allowWatchBookmarks=true&resourceVersion=42"
+        ));
+        assert!(!initial_events(
+            "allowWatchBookmarks=true&sendInitialEvents=false&resourceVersionMatch=NotOlderThan"
+        ));
+    }
+
+    #[test]
     fn kubelet_reads_are_cached_under_their_scope() {
         let Some(CachePlan::List { scope }) = plan_for(
             Method::GET,
@@ -227,7 +273,7 @@ mod tests {
         assert_eq!(scope.namespace, None);
         assert_eq!(scope.fields.to_string(), "spec.nodeName=edge-1");
 
-        let Some(CachePlan::Watch { scope }) = plan_for(
+        let Some(CachePlan::Watch { scope, .. }) = plan_for(
             Method::GET,
             "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices?watch=true&labelSelector=a%3Db",
             "kube-proxy/v1.32.0",

@@ -2,10 +2,17 @@
 //!
 //! The client always gets every frame as it arrives; the tee only keeps a copy. A whole body (GET,
 //! LIST, discovery) is queued when it has ended cleanly; a watch stream is cut into lines and each
-//! complete event is queued at once. A body that fails mid-way, grows past [`MAX_BODY`], or meets
+//! complete event is queued at once, except a streaming list's initial events (below). A body that fails mid-way, grows past [`MAX_BODY`], or meets
 //! a full writer queue is abandoned: nothing more of it is cached (a truncated list never
 //! replaces a scope; a watch with a gap leaves the scope at its last applied resourceVersion, and
 //! the next relist repairs it).
+//!
+//! A watch that may open with a streaming list (`sendInitialEvents`, see
+//! [`super::CachePlan::Watch`]) holds its leading `ADDED` events back. When the
+//! `k8s.io/initial-events-end` bookmark follows, they are the scope's whole state at that
+//! bookmark's resourceVersion and replace the scope, as a LIST does: what was deleted upstream
+//! meanwhile leaves the cache. Any other line first means no list is being streamed, and the held
+//! events go on as ordinary ones.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -26,7 +33,7 @@ pub const MAX_BODY: usize = 64 << 20;
 pub enum Sink {
     Object(ObjectKey),
     List(Scope),
-    Watch(Scope),
+    Watch { scope: Scope, initial_events: bool },
     Document { name: String, content_type: String },
 }
 
@@ -39,13 +46,24 @@ pub struct TeeBody {
     whole: Chunks,
     /// A watch's lines.
     framer: LineFramer,
+    /// A watch's leading `ADDED` events, held while they may be a streaming list.
+    initial: Option<Chunks>,
     /// Set once the copy is given up or handed over; later frames only pass through.
     done: bool,
 }
 
 impl TeeBody {
     pub fn new(inner: ProxyBody, sink: Sink, writer: Writer) -> TeeBody {
+        let initial = matches!(
+            sink,
+            Sink::Watch {
+                initial_events: true,
+                ..
+            }
+        )
+        .then(Chunks::default);
         TeeBody {
+            initial,
             inner,
             sink,
             writer,
@@ -59,14 +77,16 @@ impl TeeBody {
         if self.done {
             return;
         }
-        if self.whole.byte_len() + self.framer.buffered() + data.len() > MAX_BODY {
+        let held = self.initial.as_ref().map_or(0, Chunks::byte_len);
+        if self.whole.byte_len() + held + self.framer.buffered() + data.len() > MAX_BODY {
             self.abandon();
             return;
         }
-        let Sink::Watch(scope) = &self.sink else {
+        let Sink::Watch { scope, .. } = &self.sink else {
             self.whole.push(data.clone());
             return;
         };
+        let scope = scope.clone();
         // A watch goes to the writer as the lines each chunk completes: one queued operation
         // per chunk. Each line is copied out on its own: a slice would pin the connection's
         // whole read buffer until the writer got to it, and hyper would allocate (and fault in)
@@ -76,16 +96,43 @@ impl TeeBody {
             .filter(|line| !line.trim_ascii().is_empty())
             .map(|line| Bytes::copy_from_slice(&line))
             .collect();
-        if lines.is_empty() {
-            return;
-        }
-        let op = CacheOp::Events {
-            scope: scope.clone(),
-            lines,
-        };
-        if !self.writer.submit(op) {
+        let lines = self.hold_initial(&scope, lines);
+        if !lines.is_empty() && !self.writer.submit(CacheOp::Events { scope, lines }) {
             self.abandon();
         }
+    }
+
+    /// Takes the lines a streaming list's initial events may still need; returns the rest, to
+    /// be queued as ordinary events (see the module doc).
+    fn hold_initial(&mut self, scope: &Scope, lines: Vec<Bytes>) -> Vec<Bytes> {
+        let Some(held) = self.initial.as_mut() else {
+            return lines;
+        };
+        let mut lines = lines.into_iter();
+        while let Some(line) = lines.next() {
+            match InitialLine::of(&line) {
+                InitialLine::Added => held.push(line),
+                InitialLine::End => {
+                    held.push(line);
+                    let op = CacheOp::InitialEvents {
+                        scope: scope.clone(),
+                        lines: self.initial.take().unwrap_or_default().into_pieces(),
+                    };
+                    if !self.writer.submit(op) {
+                        self.abandon();
+                        return Vec::new();
+                    }
+                    return lines.collect();
+                }
+                InitialLine::Other => {
+                    let mut ordinary = self.initial.take().unwrap_or_default().into_pieces();
+                    ordinary.push(line);
+                    ordinary.extend(lines);
+                    return ordinary;
+                }
+            }
+        }
+        Vec::new()
     }
 
     fn finish(&mut self) {
@@ -102,7 +149,14 @@ impl TeeBody {
                 content_type,
                 body,
             },
-            Sink::Watch(_) => return,
+            Sink::Watch { scope, .. } => {
+                // Ended before any marker: what was held goes on as ordinary events.
+                let lines = self.initial.take().unwrap_or_default().into_pieces();
+                if lines.is_empty() {
+                    return;
+                }
+                CacheOp::Events { scope, lines }
+            }
         };
         self.writer.submit(op);
     }
@@ -111,7 +165,55 @@ impl TeeBody {
         self.done = true;
         self.whole = Chunks::default();
         self.framer = LineFramer::new();
+        self.initial = None;
     }
+}
+
+/// What a watch line means for a streaming list, read off its first bytes: kube-apiserver
+/// writes `{"type":…` first; a line written otherwise counts as [`InitialLine::Other`], and its
+/// events are then cached as ordinary ones.
+#[derive(Debug, PartialEq)]
+enum InitialLine {
+    Added,
+    /// The `k8s.io/initial-events-end` bookmark.
+    End,
+    Other,
+}
+
+impl InitialLine {
+    fn of(line: &[u8]) -> InitialLine {
+        if line.starts_with(br#"{"type":"ADDED","#) {
+            InitialLine::Added
+        } else if line.starts_with(br#"{"type":"BOOKMARK","#) && ends_initial_events(line) {
+            InitialLine::End
+        } else {
+            InitialLine::Other
+        }
+    }
+}
+
+fn ends_initial_events(bookmark: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Event {
+        object: Object,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        #[serde(default)]
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize, Default)]
+    struct Metadata {
+        #[serde(default)]
+        annotations: std::collections::HashMap<String, String>,
+    }
+    serde_json::from_slice::<Event>(bookmark).is_ok_and(|e| {
+        e.object
+            .metadata
+            .annotations
+            .get("k8s.io/initial-events-end")
+            .is_some_and(|v| v == "true")
+    })
 }
 
 impl Body for TeeBody {
@@ -242,7 +344,11 @@ mod tests {
 "#;
         let (x, y) = event.split_at(30);
         let body = chunks(vec![Ok(x), Ok(y), Ok(b"{\"type\":\"ADD")]);
-        let tee = TeeBody::new(body, Sink::Watch(scope()), writer);
+        let sink = Sink::Watch {
+            scope: scope(),
+            initial_events: false,
+        };
+        let tee = TeeBody::new(body, sink, writer);
         let received = tee.collect().await.unwrap().to_bytes();
         assert!(received.starts_with(event));
         wait_for(|| {
@@ -253,5 +359,116 @@ mod tests {
         });
         let list = store.list(&scope()).unwrap().unwrap();
         assert_eq!(list.resource_version.as_str(), "6");
+    }
+    fn pod_event(kind: &str, name: &str, rv: u32) -> String {
+        format!(
+            r#"{{"type":"{kind}","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}"}}}}}}"#
+        ) + "\n"
+    }
+
+    fn bookmark(rv: u32, end: bool) -> String {
+        let annotations = if end {
+            r#","annotations":{"k8s.io/initial-events-end":"true"}"#
+        } else {
+            ""
+        };
+        format!(
+            r#"{{"type":"BOOKMARK","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"{annotations}}}}}}}"#
+        ) + "\n"
+    }
+
+    /// One frame per string.
+    fn frames(parts: &[String]) -> ProxyBody {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from(p.clone()))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames)).boxed()
+    }
+
+    /// Streams `lines` through a tee over a scope that already holds pod `a` at version 4.
+    async fn streamed(lines: &[String], initial_events: bool) -> Vec<(String, String)> {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
+        assert!(writer.submit(CacheOp::List {
+            scope: scope(),
+            body: Bytes::from_static(LIST).into()
+        }));
+        let sink = Sink::Watch {
+            scope: scope(),
+            initial_events,
+        };
+        let tee = TeeBody::new(frames(lines), sink, writer.clone());
+        tee.collect().await.unwrap();
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        let list = store.list(&scope()).unwrap().unwrap();
+        let mut names: Vec<(String, String)> = list
+            .items
+            .iter()
+            .map(|o| {
+                let v: serde_json::Value = serde_json::from_slice(&o.bytes).unwrap();
+                let name = v["metadata"]["name"].as_str().unwrap().to_owned();
+                (
+                    name,
+                    v["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        names.sort();
+        names.push(("list".into(), list.resource_version.as_str().to_owned()));
+        names
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_streaming_list_replaces_the_scope_then_events_follow() {
+        let lines = [
+            pod_event("ADDED", "b", 7),
+            pod_event("ADDED", "c", 8),
+            bookmark(9, true),
+            pod_event("MODIFIED", "c", 10),
+        ];
+        assert_eq!(
+            streamed(&lines, true).await,
+            pairs(&[("b", "7"), ("c", "10"), ("list", "10")]),
+            "a, absent from the streamed state, is gone"
+        );
+        assert_eq!(
+            streamed(&[lines.concat()], true).await,
+            pairs(&[("b", "7"), ("c", "10"), ("list", "10")]),
+            "all in one chunk"
+        );
+        // Without the plan's permission the same stream only adds to the scope.
+        assert_eq!(
+            streamed(&lines, false).await,
+            pairs(&[("a", "4"), ("b", "7"), ("c", "10"), ("list", "10")])
+        );
+    }
+
+    #[tokio::test]
+    async fn without_the_marker_held_events_go_on_as_ordinary_ones() {
+        let expected = pairs(&[("a", "4"), ("b", "7"), ("c", "8"), ("list", "8")]);
+        // Another bookmark first: no list is being streamed.
+        let lines = [
+            pod_event("ADDED", "b", 7),
+            bookmark(7, false),
+            pod_event("ADDED", "c", 8),
+        ];
+        assert_eq!(streamed(&lines, true).await, expected);
+        // A change first.
+        let lines = [pod_event("ADDED", "b", 7), pod_event("MODIFIED", "c", 8)];
+        assert_eq!(streamed(&lines, true).await, expected);
+        // The stream ends first.
+        let lines = [pod_event("ADDED", "b", 7), pod_event("ADDED", "c", 8)];
+        assert_eq!(streamed(&lines, true).await, expected);
     }
 }

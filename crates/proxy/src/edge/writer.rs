@@ -39,6 +39,9 @@ pub enum CacheOp {
     List { scope: Scope, body: Chunks },
     /// Consecutive lines of a watch stream (those one body chunk completed).
     Events { scope: Scope, lines: Vec<Bytes> },
+    /// A streaming list: a watch's initial `ADDED` events and the bookmark that ends them, the
+    /// scope's whole state at that bookmark's resourceVersion. Replaces the scope as a LIST does.
+    InitialEvents { scope: Scope, lines: Vec<Bytes> },
     /// A discovery response body and its content type.
     Document {
         name: String,
@@ -66,6 +69,10 @@ impl Chunks {
         self.len
     }
 
+    pub fn into_pieces(self) -> Vec<Bytes> {
+        self.pieces
+    }
+
     /// The body in one piece (no copy when it arrived in one).
     fn joined(self) -> Bytes {
         match <[Bytes; 1]>::try_from(self.pieces) {
@@ -90,6 +97,7 @@ impl CacheOp {
             CacheOp::Gone { .. } => "gone",
             CacheOp::List { .. } => "list",
             CacheOp::Events { .. } => "event",
+            CacheOp::InitialEvents { .. } => "streamed_list",
             CacheOp::Document { .. } => "document",
         }
     }
@@ -333,6 +341,9 @@ fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> 
             Err(e) => Err(e.into()),
         },
         CacheOp::List { scope, body } => apply_list(store, &scope, &body.joined(), kinds),
+        CacheOp::InitialEvents { scope, lines } => {
+            apply_streamed_list(store, &scope, &lines, kinds)
+        }
         CacheOp::Events { scope, lines } => {
             return groups(&lines)
                 .into_iter()
@@ -433,6 +444,47 @@ fn apply_list(
         Err(e) => return Err(e.into()),
     }
     remember_kind(store, &scope.gvr, kind, kinds)?;
+    Ok("replaced")
+}
+
+/// See [`CacheOp::InitialEvents`]. Every line but the last must be an `ADDED` event, the last
+/// the bookmark; anything else is not a streaming list and changes nothing.
+fn apply_streamed_list(
+    store: &dyn Store,
+    scope: &Scope,
+    lines: &[Bytes],
+    kinds: &mut HashMap<Gvr, KindInfo>,
+) -> Applied {
+    #[derive(Deserialize)]
+    struct Marker {
+        #[serde(default)]
+        metadata: ListMeta,
+    }
+    let invalid = |what: &str| ApplyError::Invalid(format!("streaming list: {what}"));
+    let (last, added) = lines.split_last().ok_or_else(|| invalid("no lines"))?;
+    let marker = match read_line(last) {
+        Line::ToStore(EventType::Bookmark, object) => object,
+        _ => return Err(invalid("it does not end with a bookmark")),
+    };
+    let resource_version = serde_json::from_slice::<Marker>(marker)
+        .map_err(|e| invalid(&format!("bookmark: {e}")))?
+        .metadata
+        .resource_version;
+    if resource_version.is_empty() {
+        return Err(invalid("bookmark without resourceVersion"));
+    }
+    let items = added
+        .iter()
+        .map(|line| match read_line(line) {
+            Line::ToStore(EventType::Added, object) => Ok(object),
+            _ => Err(invalid("an initial event that is not ADDED")),
+        })
+        .collect::<Result<Vec<&[u8]>, ApplyError>>()?;
+    store.replace_scope(scope, &resource_version, &items)?;
+    let kind = KindInfo::from_object(marker).or_else(|| KindInfo::from_object(items.first()?));
+    if let Some(kind) = kind {
+        remember_kind(store, &scope.gvr, kind, kinds)?;
+    }
     Ok("replaced")
 }
 
@@ -550,6 +602,46 @@ mod tests {
     }
 
     const LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[{"metadata":{"name":"a","namespace":"d","resourceVersion":"9","uid":"u1"}}]}"#;
+
+    #[test]
+    fn a_streamed_list_that_is_not_one_changes_nothing() {
+        let store = MemStore::new();
+        let line = |text: &'static str| Bytes::from_static(text.as_bytes());
+        let added = line(
+            r#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b","namespace":"d","resourceVersion":"11"}}}"#,
+        );
+        let modified = line(
+            r#"{"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"c","namespace":"d","resourceVersion":"12"}}}"#,
+        );
+        let end = line(
+            r#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"13","annotations":{"k8s.io/initial-events-end":"true"}}}}"#,
+        );
+        let streamed = |lines: Vec<Bytes>| CacheOp::InitialEvents {
+            scope: scope(),
+            lines,
+        };
+        let outcomes = apply_all(
+            &store,
+            vec![
+                CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST.as_bytes()).into(),
+                },
+                streamed(vec![added.clone(), modified.clone(), end.clone()]),
+                streamed(vec![added.clone(), modified]),
+                streamed(vec![]),
+            ],
+        );
+        assert_eq!(outcomes, ["replaced", "invalid", "invalid", "invalid"]);
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(list.resource_version.as_str(), "10", "the LIST's state");
+
+        let outcomes = apply_all(&store, vec![streamed(vec![added, end])]);
+        assert_eq!(outcomes, ["replaced"]);
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(list.resource_version.as_str(), "13");
+        assert_eq!(list.items.len(), 1, "only b, the last good stream's state");
+    }
 
     #[test]
     fn a_list_then_events_build_the_scope() {
