@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use http::{Method, Request, header};
+use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -41,12 +41,11 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::csr::{CSR_PATH, issued, signing_request};
+use crate::csr::{self, CsrTransport, signing_request};
 use crate::upstream::{Server, Upstream};
 
 const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const USER_AGENT: &str = "outpost/bootstrap";
 /// What yurt-manager's csrapprover requires of a hub's client certificate, exactly.
 const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
@@ -286,38 +285,41 @@ impl TokenBootstrap {
     ) -> Result<String, String> {
         let draft = draft_client_csr(&self.node_name, &self.extra_organizations)
             .map_err(|e| e.to_string())?;
-        let client = https_client(verified_tls(&creds.ca_pem)?);
+        let transport = WithToken {
+            client: https_client(verified_tls(&creds.ca_pem)?),
+            server: &creds.server,
+            token: &creds.token,
+        };
         let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
-        let created = call(
-            &client,
-            &creds.server,
-            Method::POST,
-            CSR_PATH,
-            Some(&creds.token),
-            Some(&object),
+        let deadline = Some(started + self.deadline);
+        let (_, cert_pem) = csr::request(&transport, object, "client", deadline).await?;
+        Ok(format!("{cert_pem}{}", draft.key_pem))
+    }
+}
+
+/// The first client certificate's CSR goes with the bootstrap token.
+struct WithToken<'a> {
+    client: HttpsClient,
+    server: &'a Server,
+    token: &'a str,
+}
+
+impl CsrTransport for WithToken<'_> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Bytes), String> {
+        exchange(
+            &self.client,
+            self.server,
+            method,
+            path,
+            Some(self.token),
+            body.as_ref(),
         )
-        .await?;
-        let name = created
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .ok_or("the created CSR has no name")?
-            .to_owned();
-        info!(csr = %name, "client certificate requested; waiting for approval");
-        let path = format!("{CSR_PATH}/{name}");
-        loop {
-            let csr = get_json(&client, &creds.server, &path, Some(&creds.token)).await?;
-            if let Some(outcome) = issued(&csr) {
-                let cert_pem = outcome.map_err(|why| format!("CSR {name}: {why}"))?;
-                return Ok(format!("{cert_pem}{}", draft.key_pem));
-            }
-            if started.elapsed() >= self.deadline {
-                return Err(format!(
-                    "CSR {name} was not approved within {:?}: approve it (yurt-manager's csrapprover does in OpenYurt clusters)",
-                    self.deadline
-                ));
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        .await
     }
 }
 
@@ -377,7 +379,7 @@ async fn renew_once(upstream: &Upstream, bootstrap: &TokenBootstrap) -> Result<(
     let draft = draft_client_csr(&bootstrap.node_name, &bootstrap.extra_organizations)
         .map_err(|e| e.to_string())?;
     let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
-    let (name, cert_pem) = crate::csr::request(upstream, object, "client").await?;
+    let (name, cert_pem) = crate::csr::request(upstream, object, "client", None).await?;
     let staged = files.client_pem.with_extension("new");
     write_private(&staged, format!("{cert_pem}{}", draft.key_pem).as_bytes())
         .map_err(|e| e.to_string())?;
@@ -494,6 +496,25 @@ async fn call(
     token: Option<&str>,
     body: Option<&Value>,
 ) -> Result<Value, String> {
+    let (status, bytes) = exchange(client, server, method.clone(), path, token, body).await?;
+    if !status.is_success() {
+        return Err(format!(
+            "{method} {path}: {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("{method} {path}: unreadable answer: {e}"))
+}
+
+/// One request, bounded by [`CALL_TIMEOUT`]; the answer whatever its status.
+async fn exchange(
+    client: &HttpsClient,
+    server: &Server,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> Result<(StatusCode, Bytes), String> {
     let uri = server.uri_for(path).map_err(|e| format!("{path}: {e}"))?;
     let mut req = Request::builder()
         .method(method.clone())
@@ -525,17 +546,10 @@ async fn call(
             .to_bytes();
         Ok::<_, String>((status, bytes))
     };
-    let (status, bytes) = tokio::time::timeout(CALL_TIMEOUT, exchange)
+    tokio::time::timeout(CALL_TIMEOUT, exchange)
         .await
         .map_err(|_| format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))?
-        .map_err(|e| format!("{method} {path}: {e}"))?;
-    if !status.is_success() {
-        return Err(format!(
-            "{method} {path}: {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        ));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| format!("{method} {path}: unreadable answer: {e}"))
+        .map_err(|e| format!("{method} {path}: {e}"))
 }
 
 fn parse_kubeconfig(text: &str) -> Result<Value, String> {

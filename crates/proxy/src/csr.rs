@@ -1,7 +1,8 @@
-//! CertificateSigningRequests the running hub sends as itself: the object, its submission, and
-//! the wait until it is issued. The serving certificate ([`crate::serving_cert`]) and, in token
-//! mode, the renewed client certificate ([`crate::bootstrap`]) are both obtained through
-//! [`request`].
+//! CertificateSigningRequests: the object, its submission, and the wait until it is issued, over
+//! a [`CsrTransport`]. The running hub sends them as itself ([`Upstream`]): the serving
+//! certificate ([`crate::serving_cert`]) and, in token mode, the renewed client certificate; the
+//! first client certificate of token mode goes with the bootstrap token ([`crate::bootstrap`]).
+//! All of them are obtained through [`request`].
 
 use std::time::{Duration, Instant};
 
@@ -33,20 +34,45 @@ pub(crate) fn signing_request(csr_pem: &str, signer: &str, usages: &[&str]) -> V
     })
 }
 
+/// How CSR calls reach an apiserver.
+pub(crate) trait CsrTransport {
+    /// One call; the answer's status and body, or why there is none.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, bytes::Bytes), String>;
+}
+
+/// The running hub, as itself, to a healthy server.
+impl CsrTransport for Upstream {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, bytes::Bytes), String> {
+        call(self, method, path, body).await
+    }
+}
+
 /// Sends `object` and polls it until it carries a certificate, or says it never will; returns
-/// the CSR's name and the certificate PEM. `purpose` names the certificate in the log.
+/// the CSR's name and the certificate PEM. `purpose` names the certificate in the log. Without
+/// a `deadline` it waits as long as it takes (the hub runs meanwhile); with one it gives up then.
 pub(crate) async fn request(
-    upstream: &Upstream,
+    transport: &impl CsrTransport,
     object: Value,
     purpose: &str,
+    deadline: Option<Instant>,
 ) -> Result<(String, String), String> {
-    let name = submit(upstream, object).await?;
+    let name = submit(transport, object).await?;
     info!(csr = %name, purpose, "certificate requested; waiting for approval");
     let path = format!("{CSR_PATH}/{name}");
     let mut reminded = Instant::now();
     loop {
         // Read failures (the cloud gone for a while) are only reported with the reminder.
-        let problem = match call(upstream, Method::GET, &path, None).await {
+        let problem = match transport.call(Method::GET, &path, None).await {
             Ok((StatusCode::OK, body)) => {
                 let csr: Value = serde_json::from_slice(&body)
                     .map_err(|e| format!("{name}: unreadable CSR: {e}"))?;
@@ -63,12 +89,15 @@ pub(crate) async fn request(
             Ok((code, _)) => format!("reading it answered {code}"),
             Err(e) => format!("cannot read it: {e}"),
         };
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(format!(
+                "{name} ({problem}) was not issued in time: {APPROVE_IT}"
+            ));
+        }
         if reminded.elapsed() >= PENDING_REMINDER {
             warn!(
                 csr = name,
-                purpose,
-                problem,
-                "certificate still not issued: approve the CSR (yurt-manager's csrapprover does in OpenYurt clusters)"
+                purpose, problem, "certificate still not issued: {APPROVE_IT}"
             );
             reminded = Instant::now();
         }
@@ -76,8 +105,10 @@ pub(crate) async fn request(
     }
 }
 
-async fn submit(upstream: &Upstream, object: Value) -> Result<String, String> {
-    let (code, reply) = call(upstream, Method::POST, CSR_PATH, Some(object)).await?;
+const APPROVE_IT: &str = "approve the CSR (yurt-manager's csrapprover does in OpenYurt clusters)";
+
+async fn submit(transport: &impl CsrTransport, object: Value) -> Result<String, String> {
+    let (code, reply) = transport.call(Method::POST, CSR_PATH, Some(object)).await?;
     if code != StatusCode::CREATED && code != StatusCode::OK {
         return Err(format!(
             "creating the CSR: {code}: {}",
@@ -158,5 +189,75 @@ mod tests {
         assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
         let garbled = json!({"status": {"certificate": "%%%"}});
         assert!(matches!(issued(&garbled), Some(Err(_))));
+    }
+    /// Answers the POST with a name, then each GET with the next scripted answer (the last
+    /// repeats).
+    struct Scripted {
+        reads: std::sync::Mutex<Vec<Result<(StatusCode, Value), String>>>,
+    }
+
+    impl Scripted {
+        fn new(reads: Vec<Result<(StatusCode, Value), String>>) -> Scripted {
+            Scripted {
+                reads: std::sync::Mutex::new(reads),
+            }
+        }
+    }
+
+    impl CsrTransport for Scripted {
+        async fn call(
+            &self,
+            method: Method,
+            path: &str,
+            _body: Option<Value>,
+        ) -> Result<(StatusCode, bytes::Bytes), String> {
+            if method == Method::POST {
+                assert_eq!(path, CSR_PATH);
+                let created = json!({"metadata": {"name": "csr-1"}});
+                return Ok((StatusCode::CREATED, created.to_string().into()));
+            }
+            assert_eq!(path, format!("{CSR_PATH}/csr-1"));
+            let mut reads = self.reads.lock().unwrap();
+            let next = if reads.len() > 1 {
+                reads.remove(0)
+            } else {
+                reads[0].clone()
+            };
+            next.map(|(code, body)| (code, body.to_string().into()))
+        }
+    }
+
+    fn pending() -> Result<(StatusCode, Value), String> {
+        Ok((StatusCode::OK, json!({"status": {}})))
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_is_tried_again_until_the_certificate_is_issued() {
+        let pem = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        let encoded = base64::engine::general_purpose::STANDARD.encode(pem);
+        let done = json!({"status": {"certificate": encoded}});
+        let transport = Scripted::new(vec![
+            Err("connection refused".into()),
+            Ok((StatusCode::OK, done)),
+        ]);
+        let issued = request(&transport, json!({}), "test", None).await;
+        assert_eq!(issued, Ok(("csr-1".to_owned(), pem.to_owned())));
+    }
+
+    #[tokio::test]
+    async fn with_a_deadline_the_wait_ends_then_and_says_why() {
+        let transport = Scripted::new(vec![pending()]);
+        let err = request(&transport, json!({}), "test", Some(Instant::now()))
+            .await
+            .unwrap_err();
+        assert!(err.contains("csr-1"), "{err}");
+        assert!(err.contains("pending approval"), "{err}");
+        assert!(err.contains("approve the CSR"), "{err}");
+
+        let transport = Scripted::new(vec![Ok((StatusCode::NOT_FOUND, json!({})))]);
+        let err = request(&transport, json!({}), "test", None)
+            .await
+            .unwrap_err();
+        assert!(err.contains("deleted before it was issued"), "{err}");
     }
 }

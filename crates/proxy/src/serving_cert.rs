@@ -192,7 +192,7 @@ impl ServingCertManager {
     async fn obtain(&self, wanted: &Sans) -> Result<ServingCert, String> {
         let draft = draft_csr(&self.config.node_name, wanted).map_err(|e| e.to_string())?;
         let (name, cert_pem) =
-            csr::request(&self.upstream, csr_object(&draft.csr_pem), "serving").await?;
+            csr::request(&*self.upstream, csr_object(&draft.csr_pem), "serving", None).await?;
         let origin = PathBuf::from(format!("certificatesigningrequest/{name}"));
         let cert =
             ServingCert::from_pem(&cert_pem, &draft.key_pem, &origin).map_err(|e| e.to_string())?;
