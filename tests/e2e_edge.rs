@@ -427,6 +427,80 @@ async fn an_online_watch_ends_when_its_apiserver_goes_silent() {
     eprintln!("the online watch ended {took:?} after the apiserver went silent");
 }
 
+/// kube-apiserver answers 503 for an aggregated API whose backend is down (`metrics.k8s.io`
+/// without metrics-server) and serves everything else. Such answers are relayed and the server
+/// stays healthy: open watches go on and nothing is served from the cache. A server that
+/// answers 503 to everything, `/readyz` included (a load balancer with no backend), is found out
+/// by the probe the answer triggers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_from_an_aggregated_api_is_not_an_outage() {
+    const CLIENT: &str = "e2e-client/v1.0";
+    let cluster = cluster_with_pods(&["a"]).await;
+    // Rounds a minute apart: within this test only a probe the 503s trigger can find anything.
+    let mut args = cluster.hub_args();
+    args.retain(|a| !a.starts_with("--heartbeat-interval-seconds"));
+    args.push("--heartbeat-interval-seconds=60".into());
+    let hub = cluster.start_hub_with(&args);
+    let (pods, fields) = node_pods(&hub);
+    let list = pods
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .expect("online list");
+    let wp = WatchParams::default().fields(&fields).timeout(300);
+    let mut watch = pods
+        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
+        .await
+        .unwrap()
+        .boxed();
+
+    cluster
+        .fake
+        .fail_requests_under("/apis/metrics.k8s.io", Some(503));
+    for _ in 0..3 {
+        let metrics = get(hub.proxy, "/apis/metrics.k8s.io/v1beta1/nodes", CLIENT).await;
+        assert_eq!(metrics.status, 503, "relayed as the apiserver answered");
+    }
+    // Time for the probe the answers triggered.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ready = get(hub.admin, "/v1/readyz", "test").await;
+    assert!(
+        !String::from_utf8_lossy(&ready.body).contains("offline"),
+        "{}\n{}",
+        String::from_utf8_lossy(&ready.body),
+        hub.log_text()
+    );
+    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
+    changed["metadata"]["labels"]["app"] = json!("changed");
+    cluster.fake.update("v1/pods", changed).unwrap();
+    let change = loop {
+        match next_event(&mut watch).await {
+            WatchEvent::Bookmark(_) => continue,
+            event => break event_name(&event),
+        }
+    };
+    assert_eq!(change, ("MODIFIED".into(), "a".into()), "the watch goes on");
+    let node = kubelet_get(&hub, &format!("/api/v1/nodes/{NODE}")).await;
+    assert_eq!(node.status, 200);
+    assert!(!served_from_cache(&node), "online, from the cloud");
+
+    cluster.fake.fail_requests(Some(503));
+    let down = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), CLIENT).await;
+    assert_eq!(down.status, 503);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = get(hub.admin, "/v1/readyz", "test").await;
+        if String::from_utf8_lossy(&ready.body).contains("offline") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a server answering 503 to everything stayed healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.fake.restore().await;
+}
+
 /// The pods of a streaming list (`sendInitialEvents=true`: kube-rs `streaming_lists()`,
 /// client-go's WatchListClient), up to its end-of-initial-events bookmark.
 async fn streamed_list(pods: Api<Pod>, fields: &str) -> Vec<String> {

@@ -248,27 +248,29 @@ impl Pipeline {
         }
     }
 
-    /// Counts a failure and marks the server unhealthy when it did not answer (or answered that
-    /// it cannot serve); returns whether it failed so.
+    /// Counts a failure and marks the server unhealthy when it did not answer; returns whether
+    /// it failed so. A server that answered that it cannot serve is only suspected: the prober
+    /// looks at it at once (see [`crate::health::ServerStates::suspect`]).
     fn note_outcome(
         &self,
         server: &crate::upstream::Server,
         sent: &Result<Response<Incoming>, ProxyError>,
     ) -> bool {
-        let cause = match sent {
+        let states = self.upstream.states();
+        match sent {
             Err(e) => {
                 self.count_upstream_error(&server.label(), e);
-                e.is_upstream().then(|| e.to_string())
+                if e.is_upstream() {
+                    states.mark_failed(server, &e.to_string());
+                    return true;
+                }
             }
             Ok(resp) if is_unavailable(resp.status()) => {
-                Some(format!("{} answered {}", server.label(), resp.status()))
+                states.suspect(server, &format!("answered {}", resp.status()));
             }
-            Ok(_) => None,
-        };
-        if let Some(cause) = &cause {
-            self.upstream.states().mark_failed(server, cause);
+            Ok(_) => {}
         }
-        cause.is_some()
+        false
     }
 
     /// How long to wait for response headers. A cached read gives up 2 s before the client's own
@@ -441,7 +443,7 @@ fn is_cloud_failure(status: StatusCode) -> bool {
     status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED
 }
 
-/// An upstream answer that says the server itself cannot serve now: it is marked unhealthy.
+/// An upstream answer that says the server, or what it fronts, cannot serve now.
 fn is_unavailable(status: StatusCode) -> bool {
     matches!(
         status,

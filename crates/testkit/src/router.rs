@@ -251,7 +251,7 @@ async fn authorized(
     parts: &Parts,
     body: Bytes,
 ) -> Response<Body> {
-    if let Some(code) = shared.faults.fail_code() {
+    if let Some(code) = shared.faults.fail_code(parts.uri.path()) {
         return error_response(&reply::injected_failure(code));
     }
     match authorize_and_dispatch(shared, info, user, parts, body).await {

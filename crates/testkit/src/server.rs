@@ -423,6 +423,15 @@ impl FakeApiServer {
         self.shared.faults.set_fail(code);
     }
 
+    /// Answers requests whose path starts with `prefix` with this code and a matching Status
+    /// body, as kube-apiserver answers for an aggregated API whose backend is down; the rest of
+    /// the server, `/readyz` included, works (`None` = off).
+    pub fn fail_requests_under(&self, prefix: &str, code: Option<u16>) {
+        self.shared
+            .faults
+            .set_fail_under(code.map(|code| (prefix.to_owned(), code)));
+    }
+
     /// Aborts every open watch stream mid-body (the connection drops without a final chunk).
     pub fn cut_watches(&self) {
         self.shared.cut.send_modify(|generation| *generation += 1);
@@ -432,6 +441,7 @@ impl FakeApiServer {
     pub async fn restore(&self) {
         self.shared.faults.set_latency(Duration::ZERO);
         self.shared.faults.set_fail(None);
+        self.shared.faults.set_fail_under(None);
         self.shared.faults.set_blackhole(false);
         if lock(&self.listener).is_none() {
             self.rebind().await;

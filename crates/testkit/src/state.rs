@@ -40,6 +40,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Faults {
     latency: Mutex<Duration>,
     fail: Mutex<Option<u16>>,
+    /// Requests under this path prefix fail with this code (an aggregated API whose backend
+    /// is down); the rest of the server works.
+    fail_under: Mutex<Option<(String, u16)>>,
     blackhole: watch::Sender<bool>,
 }
 
@@ -48,6 +51,7 @@ impl Faults {
         Faults {
             latency: Mutex::new(Duration::ZERO),
             fail: Mutex::new(None),
+            fail_under: Mutex::new(None),
             blackhole: watch::channel(false).0,
         }
     }
@@ -60,8 +64,18 @@ impl Faults {
         *lock(&self.latency) = d;
     }
 
-    pub fn fail_code(&self) -> Option<u16> {
-        *lock(&self.fail)
+    /// The code a request for `path` fails with, if any.
+    pub fn fail_code(&self, path: &str) -> Option<u16> {
+        lock(&self.fail).or_else(|| {
+            lock(&self.fail_under)
+                .as_ref()
+                .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
+                .map(|(_, code)| *code)
+        })
+    }
+
+    pub fn set_fail_under(&self, prefix_and_code: Option<(String, u16)>) {
+        *lock(&self.fail_under) = prefix_and_code;
     }
 
     pub fn set_fail(&self, code: Option<u16>) {

@@ -133,6 +133,27 @@ async fn failed_requests_get_status_bodies() {
 }
 
 #[tokio::test]
+async fn requests_under_a_prefix_fail_and_the_rest_is_served() {
+    let fake = common::fake().await;
+    let admin = Raw::admin(&fake);
+    fake.fail_requests_under("/apis/metrics.k8s.io", Some(503));
+    let r = admin.get("/apis/metrics.k8s.io/v1beta1/nodes").await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["reason"], "ServiceUnavailable");
+    assert_eq!(admin.get("/readyz").await.status, 200);
+    assert_eq!(
+        admin.get("/api/v1/namespaces/default/pods").await.status,
+        200
+    );
+    fake.restore().await;
+    assert_ne!(
+        admin.get("/apis/metrics.k8s.io/v1beta1/nodes").await.status,
+        503
+    );
+    fake.shutdown().await;
+}
+
+#[tokio::test]
 async fn cut_watches_drop_streams_without_a_clean_end() {
     let fake = common::fake().await;
     let admin = Raw::admin(&fake);

@@ -9,7 +9,8 @@
 //! is unreachable kubelet's node-status PATCH is kept and replayed on return ([`node_status`]).
 //!
 //! A server turns unhealthy on its first failed probe (after `--heartbeat-failed-retry` tries) or
-//! on a failed request; it turns healthy again after `--heartbeat-healthy-threshold` consecutive
+//! on a request it did not answer (refused, TLS failure, timeout, connection lost); a request
+//! answered 502/503/504 only has it probed at once ([`ServerStates::suspect`]). It turns healthy again after `--heartbeat-healthy-threshold` consecutive
 //! successful probes. kubelet's liveness and the servers' health are separate states: a dead
 //! kubelet stops the heartbeat, never the hub's traffic.
 
@@ -25,8 +26,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tokio::sync::{Notify, watch};
+use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::upstream::Server;
@@ -75,6 +76,8 @@ struct ServerState {
     streak: AtomicU32,
     /// How many times the server turned unhealthy; streams from it end on a change.
     outages: watch::Sender<u64>,
+    /// A request was answered 502/503/504 since the prober last looked ([`ServerStates::suspect`]).
+    suspected: AtomicBool,
 }
 
 /// Health of every configured apiserver.
@@ -82,6 +85,8 @@ pub struct ServerStates {
     servers: Vec<ServerState>,
     healthy_threshold: u32,
     online: watch::Sender<bool>,
+    /// Wakes the prober for a suspected server.
+    suspicion: Notify,
     gauge: IntGaugeVec,
     transitions: IntCounterVec,
     pub(crate) probe_latency: HistogramVec,
@@ -106,10 +111,12 @@ impl ServerStates {
                 healthy: AtomicBool::new(initially_healthy.get(i).copied().unwrap_or(true)),
                 streak: AtomicU32::new(0),
                 outages: watch::Sender::new(0),
+                suspected: AtomicBool::new(false),
             })
             .collect();
         let states = ServerStates {
             online: watch::Sender::new(false),
+            suspicion: Notify::new(),
             healthy_threshold: healthy_threshold.max(1),
             gauge: metrics.server_healthy.clone(),
             transitions: metrics.server_transitions.clone(),
@@ -216,6 +223,34 @@ impl ServerStates {
         }
     }
 
+    /// A request to the server was answered 502, 503 or 504. That may be the server (or the
+    /// load balancer in front of it) unable to serve, or only what it fronts: kube-apiserver
+    /// answers 503 for an aggregated API whose backend is down (`metrics.k8s.io` without
+    /// metrics-server) while serving everything else. So the server is not marked unhealthy
+    /// here; the prober checks it at once ([`prober::run`]) and its probe decides.
+    pub fn suspect(&self, server: &Server, cause: &str) {
+        let Some(s) = self.index_of(server).map(|i| &self.servers[i]) else {
+            return;
+        };
+        if !s.suspected.swap(true, Ordering::AcqRel) {
+            debug!(server = %s.label, cause, "apiserver suspected; probing it now");
+        }
+        self.suspicion.notify_one();
+    }
+
+    /// Resolves once a server is suspected (at once if one was since the last
+    /// [`Self::take_suspects`]).
+    pub async fn suspected(&self) {
+        self.suspicion.notified().await;
+    }
+
+    /// The servers suspected since the last call, and forgets them.
+    pub fn take_suspects(&self) -> Vec<usize> {
+        (0..self.servers.len())
+            .filter(|&i| self.servers[i].suspected.swap(false, Ordering::AcqRel))
+            .collect()
+    }
+
     fn set(&self, s: &ServerState, healthy: bool, cause: &str) {
         if s.healthy.swap(healthy, Ordering::AcqRel) == healthy {
             return;
@@ -266,6 +301,20 @@ mod tests {
             .map(|i| Server::parse(&format!("127.0.0.1:{}", 1000 + i)).unwrap())
             .collect();
         ServerStates::new(servers, &[], threshold, &Metrics::new())
+    }
+
+    #[tokio::test]
+    async fn a_suspect_wakes_the_prober_once_and_stays_healthy() {
+        let s = states(2, 1);
+        let second = s.server(1).unwrap().clone();
+        s.suspect(&second, "answered 503");
+        s.suspect(&second, "answered 503 again");
+        tokio::time::timeout(Duration::from_secs(1), s.suspected())
+            .await
+            .expect("the prober is woken");
+        assert!(s.is_healthy(1), "only a probe decides");
+        assert_eq!(s.take_suspects(), [1]);
+        assert!(s.take_suspects().is_empty(), "taken once");
     }
 
     #[tokio::test]

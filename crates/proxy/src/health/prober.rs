@@ -6,7 +6,8 @@
 //! server that renews is healthy for this round, one that fails is not; (2) every server not
 //! covered by (1) answers `GET /readyz`, each with `--heartbeat-failed-retry` tries of
 //! `--heartbeat-timeout-seconds`. A skipped renewal never marks a server unhealthy: kubelet's
-//! death and the cloud's reachability are separate states.
+//! death and the cloud's reachability are separate states. Between rounds, a server a request
+//! found answering 502/503/504 is probed at once (`GET /readyz`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,11 +110,31 @@ pub async fn run(
         if let Some(path) = &config.state_file {
             remember(path, &states).await;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(config.interval) => {}
-            _ = shutdown.changed() => return,
+        let next_round = tokio::time::Instant::now() + config.interval;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_round) => break,
+                _ = shutdown.changed() => return,
+                () = states.suspected() => {}
+            }
+            tokio::select! {
+                () = probe_suspects(&states, &upstream, &config) => {}
+                _ = shutdown.changed() => return,
+            }
         }
     }
+}
+
+/// Probes the servers a 5xx answer made suspect ([`ServerStates::suspect`]), then waits a
+/// little: a client hammering a broken aggregated API must not turn into a probe per request.
+async fn probe_suspects(states: &ServerStates, upstream: &Upstream, config: &HealthConfig) {
+    const SPACING: Duration = Duration::from_secs(1);
+    let suspects = states.take_suspects();
+    let probes = suspects
+        .into_iter()
+        .map(|i| probe_readyz(states, upstream, i, config));
+    futures_util::future::join_all(probes).await;
+    tokio::time::sleep(SPACING).await;
 }
 
 async fn round(
