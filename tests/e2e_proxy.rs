@@ -651,6 +651,55 @@ async fn admin_endpoints() {
 }
 
 /// exec/attach/port-forward: the hub forwards the upgrade and splices both directions.
+/// The value of `series` on the hub's `/metrics` (0 when absent).
+async fn metric(hub: &HubProcess, series: &str) -> f64 {
+    let metrics = get(hub.admin, "/metrics", "probe").await;
+    String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// yurthub's `node_yurthub_closable_conns_collector`: the open connections to each apiserver,
+/// counted when made and again when closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_upstream_connections_are_counted() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let server = cluster.fake.url().trim_end_matches('/').to_owned();
+    let yurthub = format!(r#"node_yurthub_closable_conns_collector{{server="{server}"}}"#);
+    let outpost = format!(r#"outpost_upstream_connections{{server="{server}"}}"#);
+
+    // A watch holds one connection, so the GET beside it needs another.
+    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    let req = format!(
+        "GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n"
+    );
+    watch.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut watch).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let node = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), KUBELET_UA).await;
+    assert_eq!(node.status, 200);
+    let open = metric(&hub, &yurthub).await;
+    assert!(open >= 2.0, "{yurthub} = {open}");
+    assert_eq!(metric(&hub, &outpost).await, open);
+
+    // The apiserver drops every connection: none is counted any more.
+    cluster.fake.refuse_connections();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&hub, &yurthub).await != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "closed connections still counted: {}",
+            metric(&hub, &yurthub).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(watch);
+    cluster.fake.restore().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_requests_are_tunnelled_both_ways() {
     let cluster = Cluster::start().await;

@@ -27,6 +27,7 @@ pub mod admin;
 pub mod body;
 pub mod bootstrap;
 pub mod callers;
+pub mod connections;
 mod csr;
 pub mod edge;
 pub mod error;
@@ -182,7 +183,11 @@ impl Hub {
             config.health.healthy_threshold,
             &metrics,
         ));
-        let upstream = Arc::new(upstream::Upstream::new(config.upstream, states.clone()));
+        let upstream = Arc::new(upstream::Upstream::new(
+            config.upstream,
+            states.clone(),
+            metrics.upstream_connections.clone(),
+        ));
         let volatile = config.edge.as_ref().and_then(|c| c.volatile.clone());
         let edge = match config.edge {
             Some(c) => Some(

@@ -18,6 +18,7 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     pub in_flight: IntGaugeVec,
     pub upstream_errors: IntCounterVec,
+    pub upstream_connections: IntGaugeVec,
     pub response_bytes: IntCounterVec,
     pub latency: HistogramVec,
     pub client_cert_expiry: IntGaugeVec,
@@ -67,6 +68,14 @@ impl Metrics {
                 "Requests being served right now (watches count until their stream ends).",
             ),
             &REQUEST_LABELS,
+        )
+        .expect("valid metric definition");
+        let upstream_connections = IntGaugeVec::new(
+            Opts::new(
+                "outpost_upstream_connections",
+                "Open TCP connections to each apiserver, pooled or in use (see connections.rs).",
+            ),
+            &["server"],
         )
         .expect("valid metric definition");
         let upstream_errors = IntCounterVec::new(
@@ -208,6 +217,7 @@ impl Metrics {
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
             Box::new(upstream_errors.clone()),
+            Box::new(upstream_connections.clone()),
             Box::new(response_bytes.clone()),
             Box::new(latency.clone()),
             Box::new(client_cert_expiry.clone()),
@@ -241,6 +251,7 @@ impl Metrics {
             requests,
             in_flight,
             upstream_errors,
+            upstream_connections,
             response_bytes,
             latency,
             client_cert_expiry,
@@ -301,6 +312,14 @@ pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
             healthy,
             "node_yurthub_server_healthy_status",
             "healthy status of remote servers. 1: healthy, 0: unhealthy",
+            &[("server", "server")],
+        ));
+    }
+    if let Some(connections) = find("outpost_upstream_connections") {
+        out.push(renamed(
+            connections,
+            "node_yurthub_closable_conns_collector",
+            "collector of underlay tcp connection from hub agent to remote server",
             &[("server", "server")],
         ));
     }

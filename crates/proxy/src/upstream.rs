@@ -18,10 +18,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use outpost_certs::{IdentityInfo, UpstreamTls};
+use prometheus::IntGaugeVec;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::body::ProxyBody;
+use crate::connections::Counting;
 use crate::error::ProxyError;
 use crate::health::ServerStates;
 
@@ -123,7 +125,7 @@ pub enum Identity {
     Bearer,
 }
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+type HttpsClient = Client<HttpsConnector<Counting>, ProxyBody>;
 
 /// The pool of apiservers and the clients that talk to them.
 pub struct Upstream {
@@ -135,6 +137,8 @@ pub struct Upstream {
     identity: watch::Sender<IdentityInfo>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// Open connections per server, shared by every pool (see [`crate::connections`]).
+    connections: IntGaugeVec,
 }
 
 /// The two clients built from one [`UpstreamTls`].
@@ -145,10 +149,13 @@ struct Clients {
 }
 
 impl Clients {
-    fn new(tls: UpstreamTls, connect_timeout: Duration) -> Clients {
+    fn new(tls: UpstreamTls, connect_timeout: Duration, connections: &IntGaugeVec) -> Clients {
+        let client = |config: &rustls::ClientConfig| {
+            https_client(config.clone(), connect_timeout, connections.clone())
+        };
         Clients {
-            node: https_client(tls.with_identity.as_ref().clone(), connect_timeout),
-            bearer: https_client(tls.without_identity.as_ref().clone(), connect_timeout),
+            node: client(&tls.with_identity),
+            bearer: client(&tls.without_identity),
             tls,
         }
     }
@@ -156,16 +163,23 @@ impl Clients {
 
 impl Upstream {
     /// `states` holds the same servers as `config.servers`, with their health.
-    pub fn new(config: UpstreamConfig, states: Arc<ServerStates>) -> Upstream {
+    /// `connections`: where open connections are counted (`outpost_upstream_connections`).
+    pub fn new(
+        config: UpstreamConfig,
+        states: Arc<ServerStates>,
+        connections: IntGaugeVec,
+    ) -> Upstream {
         let identity = watch::Sender::new(config.tls.identity.clone());
+        let clients = Clients::new(config.tls, config.connect_timeout, &connections);
         Upstream {
             states,
             lb_mode: config.lb_mode,
             next: AtomicUsize::new(0),
-            clients: RwLock::new(Clients::new(config.tls, config.connect_timeout)),
+            clients: RwLock::new(clients),
             identity,
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
+            connections,
         }
     }
 
@@ -178,7 +192,7 @@ impl Upstream {
     pub fn replace_tls(&self, tls: UpstreamTls) {
         let identity = tls.identity.clone();
         *self.clients.write().unwrap_or_else(|e| e.into_inner()) =
-            Clients::new(tls, self.connect_timeout);
+            Clients::new(tls, self.connect_timeout, &self.connections);
         self.identity.send_replace(identity);
     }
 
@@ -388,7 +402,11 @@ fn report_once(reported: &mut Option<String>, problem: &str) {
     }
 }
 
-fn https_client(tls: rustls::ClientConfig, connect_timeout: Duration) -> HttpsClient {
+fn https_client(
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
+    connections: IntGaugeVec,
+) -> HttpsClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -403,7 +421,7 @@ fn https_client(tls: rustls::ClientConfig, connect_timeout: Duration) -> HttpsCl
         .with_tls_config(tls)
         .https_only()
         .enable_http1()
-        .wrap_connector(http);
+        .wrap_connector(Counting::new(http, connections));
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(25)
