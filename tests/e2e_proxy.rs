@@ -457,19 +457,10 @@ async fn a_cloud_mode_watch_ends_when_its_apiserver_goes_silent() {
         .boxed();
 
     cluster.fake.blackhole();
-    let ended = tokio::time::timeout(Duration::from_secs(20), async {
-        while let Some(event) = watch.next().await {
-            if let Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) =
-                event
-            {
-                panic!("no object changes while the apiserver is silent");
-            }
-        }
-    })
-    .await;
+    let ended = support::ends_without_changes(&mut watch, Duration::from_secs(20)).await;
     cluster.fake.restore().await;
     assert!(
-        ended.is_ok(),
+        ended,
         "the watch must end once its apiserver is unhealthy\n{}",
         hub.log_text()
     );
@@ -623,13 +614,7 @@ async fn admin_endpoints() {
     );
     assert_eq!(sample("node_yurthub_in_flight_requests_total"), 0.0);
     // A watch stays in flight while its stream is open.
-    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
-    let req = format!(
-        "GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n"
-    );
-    watch.write_all(req.as_bytes()).await.unwrap();
-    let head = support::read_head(&mut watch).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let watch = open_pod_watch(&hub).await;
     let metrics = get(hub.admin, "/metrics", "probe").await;
     let watching = String::from_utf8_lossy(&metrics.body).into_owned();
     assert!(
@@ -651,6 +636,18 @@ async fn admin_endpoints() {
 }
 
 /// exec/attach/port-forward: the hub forwards the upgrade and splices both directions.
+/// kubelet's watch of its pods, open (headers read) on a raw socket.
+async fn open_pod_watch(hub: &HubProcess) -> tokio::net::TcpStream {
+    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    let req = format!(
+        "GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n"
+    );
+    watch.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut watch).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    watch
+}
+
 /// The value of `series` on the hub's `/metrics` (0 when absent).
 async fn metric(hub: &HubProcess, series: &str) -> f64 {
     let metrics = get(hub.admin, "/metrics", "probe").await;
@@ -672,13 +669,7 @@ async fn open_upstream_connections_are_counted() {
     let outpost = format!(r#"outpost_upstream_connections{{server="{server}"}}"#);
 
     // A watch holds one connection, so the GET beside it needs another.
-    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
-    let req = format!(
-        "GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%3D{NODE} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n"
-    );
-    watch.write_all(req.as_bytes()).await.unwrap();
-    let head = support::read_head(&mut watch).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let watch = open_pod_watch(&hub).await;
     let node = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), KUBELET_UA).await;
     assert_eq!(node.status, 200);
     let open = metric(&hub, &yurthub).await;

@@ -428,3 +428,24 @@ pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bo
     }
     cond()
 }
+
+/// Whether a watch `stream` ends within `within` without an object change (bookmarks may come):
+/// what a client sees when the hub ends a watch on purpose. An object change panics.
+pub async fn ends_without_changes<K, S>(stream: &mut S, within: Duration) -> bool
+where
+    S: futures_util::Stream<Item = kube::Result<kube::api::WatchEvent<K>>> + Unpin,
+{
+    use futures_util::StreamExt;
+    use kube::api::WatchEvent;
+    tokio::time::timeout(within, async {
+        while let Some(event) = stream.next().await {
+            if let Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) =
+                event
+            {
+                panic!("no object changes expected: the stream should only end");
+            }
+        }
+    })
+    .await
+    .is_ok()
+}

@@ -53,7 +53,17 @@ impl CsrTransport for Upstream {
         path: &str,
         body: Option<Value>,
     ) -> Result<(StatusCode, bytes::Bytes), String> {
-        call(self, method, path, body).await
+        let call = OwnCall {
+            method,
+            path,
+            user_agent: USER_AGENT,
+            body: body.map(|b| ("application/json", b)),
+            timeout: CALL_TIMEOUT,
+        };
+        self.own_call_any(call).await.map_err(|e| match e {
+            OwnCallError::Offline => "no healthy apiserver".to_owned(),
+            OwnCallError::Failed(e) => e,
+        })
     }
 }
 
@@ -122,26 +132,6 @@ async fn submit(transport: &impl CsrTransport, object: Value) -> Result<String, 
         .and_then(Value::as_str)
         .map(str::to_owned)
         .ok_or_else(|| "creating the CSR: the answer has no name".to_owned())
-}
-
-/// One request as the hub, to a healthy server.
-pub(crate) async fn call(
-    upstream: &Upstream,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> Result<(StatusCode, bytes::Bytes), String> {
-    let call = OwnCall {
-        method,
-        path,
-        user_agent: USER_AGENT,
-        body: body.map(|b| ("application/json", b)),
-        timeout: CALL_TIMEOUT,
-    };
-    upstream.own_call_any(call).await.map_err(|e| match e {
-        OwnCallError::Offline => "no healthy apiserver".to_owned(),
-        OwnCallError::Failed(e) => e,
-    })
 }
 
 /// `None` while pending; the PEM once issued; why not, once denied or failed.

@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::csr;
+use crate::csr::{self, CsrTransport};
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
 
@@ -174,7 +174,7 @@ impl ServingCertManager {
     }
 
     async fn get_json(&self, path: &str) -> Option<Value> {
-        match self.call(Method::GET, path, None).await {
+        match self.upstream.call(Method::GET, path, None).await {
             Ok((StatusCode::OK, body)) => serde_json::from_slice(&body).ok(),
             Ok((code, _)) => {
                 warn!(path, %code, "cannot read what the serving certificate should name");
@@ -207,15 +207,6 @@ impl ServingCertManager {
         }
         info!(csr = %name, not_after_unix = cert.not_after_unix(), "serving certificate issued");
         Ok(cert)
-    }
-
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<Value>,
-    ) -> Result<(StatusCode, bytes::Bytes), String> {
-        csr::call(&self.upstream, method, path, body).await
     }
 }
 
