@@ -352,6 +352,28 @@ async fn offline_watch_is_a_real_stream() {
     );
 }
 
+/// kubelet's pods listed through the hub, then watched from the list's version (a long watch);
+/// the stream and its parameters.
+async fn list_then_watch(
+    hub: &HubProcess,
+) -> (
+    impl futures_util::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin,
+    WatchParams,
+) {
+    let (pods, fields) = node_pods(hub);
+    let list = pods
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .expect("online list");
+    let wp = WatchParams::default().fields(&fields).timeout(300);
+    let watch = pods
+        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
+        .await
+        .expect("online watch")
+        .boxed();
+    (watch, wp)
+}
+
 /// An online watch ends as soon as its apiserver turns unhealthy: a link that went silent
 /// sends no FIN, and yurthub's watch hangs on it until its timeout (openyurt#2792), missing
 /// whatever changes after the link returns. Here the client watches again at once, the cache
@@ -360,17 +382,8 @@ async fn offline_watch_is_a_real_stream() {
 async fn an_online_watch_ends_when_its_apiserver_goes_silent() {
     let cluster = cluster_with_pods(&["a", "b"]).await;
     let hub = cluster.start_hub();
-    let (pods, fields) = node_pods(&hub);
-    let list = pods
-        .list(&ListParams::default().fields(&fields))
-        .await
-        .expect("online list");
-    let wp = WatchParams::default().fields(&fields).timeout(300);
-    let mut online = pods
-        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
-        .await
-        .unwrap()
-        .boxed();
+    let (mut online, wp) = list_then_watch(&hub).await;
+    let (pods, _) = node_pods(&hub);
     let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
     changed["metadata"]["labels"]["app"] = json!("changed");
     cluster.fake.update("v1/pods", changed).unwrap();
@@ -417,17 +430,7 @@ async fn a_503_from_an_aggregated_api_is_not_an_outage() {
     args.retain(|a| !a.starts_with("--heartbeat-interval-seconds"));
     args.push("--heartbeat-interval-seconds=60".into());
     let hub = cluster.start_hub_with(&args);
-    let (pods, fields) = node_pods(&hub);
-    let list = pods
-        .list(&ListParams::default().fields(&fields))
-        .await
-        .expect("online list");
-    let wp = WatchParams::default().fields(&fields).timeout(300);
-    let mut watch = pods
-        .watch(&wp, list.metadata.resource_version.as_deref().unwrap())
-        .await
-        .unwrap()
-        .boxed();
+    let (mut watch, _) = list_then_watch(&hub).await;
 
     cluster
         .fake
