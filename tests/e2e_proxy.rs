@@ -436,7 +436,8 @@ async fn upstream_failures_become_status_bodies() {
 }
 
 /// In cloud mode too, a proxied watch ends once its apiserver turns unhealthy, instead of
-/// hanging on a link that went silent (see `e2e_edge::an_online_watch_ends_when_its_apiserver_goes_silent`).
+/// hanging on a link that went silent
+/// (`e2e_edge::an_online_watch_ends_when_its_apiserver_goes_silent`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cloud_mode_watch_ends_when_its_apiserver_goes_silent() {
     let cluster = Cluster::start().await;

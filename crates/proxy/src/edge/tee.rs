@@ -2,10 +2,10 @@
 //!
 //! The client always gets every frame as it arrives; the tee only keeps a copy. A whole body (GET,
 //! LIST, discovery) is queued when it has ended cleanly; a watch stream is cut into lines and each
-//! complete event is queued at once, except a streaming list's initial events (below). A body that fails mid-way, grows past [`MAX_BODY`], or meets
-//! a full writer queue is abandoned: nothing more of it is cached (a truncated list never
-//! replaces a scope; a watch with a gap leaves the scope at its last applied resourceVersion, and
-//! the next relist repairs it).
+//! complete event is queued at once, except a streaming list's initial events (below). A body
+//! that fails mid-way, grows past [`MAX_BODY`], or meets a full writer queue is abandoned:
+//! nothing more of it is cached (a truncated list never replaces a scope; a watch with a gap
+//! leaves the scope at its last applied resourceVersion, and the next relist repairs it).
 //!
 //! A watch that may open with a streaming list (`sendInitialEvents`, see
 //! [`super::CachePlan::Watch`]) holds its leading `ADDED` events back. When the

@@ -10,9 +10,11 @@
 //!
 //! A server turns unhealthy on its first failed probe (after `--heartbeat-failed-retry` tries) or
 //! on a request it did not answer (refused, TLS failure, timeout, connection lost); a request
-//! answered 502/503/504 only has it probed at once ([`ServerStates::suspect`]). It turns healthy again after `--heartbeat-healthy-threshold` consecutive
-//! successful probes. kubelet's liveness and the servers' health are separate states: a dead
-//! kubelet stops the heartbeat, never the hub's traffic.
+//! answered 502/503/504 only has it probed at once ([`ServerStates::suspect`]). It turns healthy
+//! again after `--heartbeat-healthy-threshold` consecutive successful probes. Watches proxied
+//! from a server end when it turns unhealthy ([`ServerStates::next_outage`]). kubelet's liveness
+//! and the servers' health are separate states: a dead kubelet stops the heartbeat, never the
+//! hub's traffic.
 
 pub mod autonomy;
 pub mod kubelet;
