@@ -86,7 +86,6 @@ impl TeeBody {
             self.whole.push(data.clone());
             return;
         };
-        let scope = scope.clone();
         // A watch goes to the writer as the lines each chunk completes: one queued operation
         // per chunk. Each line is copied out on its own: a slice would pin the connection's
         // whole read buffer until the writer got to it, and hyper would allocate (and fault in)
@@ -96,43 +95,22 @@ impl TeeBody {
             .filter(|line| !line.trim_ascii().is_empty())
             .map(|line| Bytes::copy_from_slice(&line))
             .collect();
-        let lines = self.hold_initial(&scope, lines);
-        if !lines.is_empty() && !self.writer.submit(CacheOp::Events { scope, lines }) {
-            self.abandon();
+        if lines.is_empty() {
+            return;
         }
-    }
-
-    /// Takes the lines a streaming list's initial events may still need; returns the rest, to
-    /// be queued as ordinary events (see the module doc).
-    fn hold_initial(&mut self, scope: &Scope, lines: Vec<Bytes>) -> Vec<Bytes> {
-        let Some(held) = self.initial.as_mut() else {
-            return lines;
+        let Some(lines) = hold_initial(&mut self.initial, &self.writer, scope, lines) else {
+            self.abandon();
+            return;
         };
-        let mut lines = lines.into_iter();
-        while let Some(line) = lines.next() {
-            match InitialLine::of(&line) {
-                InitialLine::Added => held.push(line),
-                InitialLine::End => {
-                    held.push(line);
-                    let op = CacheOp::InitialEvents {
-                        scope: scope.clone(),
-                        lines: self.initial.take().unwrap_or_default().into_pieces(),
-                    };
-                    if !self.writer.submit(op) {
-                        self.abandon();
-                        return Vec::new();
-                    }
-                    return lines.collect();
-                }
-                InitialLine::Other => {
-                    let mut ordinary = self.initial.take().unwrap_or_default().into_pieces();
-                    ordinary.push(line);
-                    ordinary.extend(lines);
-                    return ordinary;
-                }
+        if !lines.is_empty() {
+            let op = CacheOp::Events {
+                scope: scope.clone(),
+                lines,
+            };
+            if !self.writer.submit(op) {
+                self.abandon();
             }
         }
-        Vec::new()
     }
 
     fn finish(&mut self) {
@@ -167,6 +145,41 @@ impl TeeBody {
         self.framer = LineFramer::new();
         self.initial = None;
     }
+}
+
+/// Takes the lines a streaming list's initial events may still need into `initial`, and queues
+/// them once the marker comes; returns the rest, to be queued as ordinary events (see the module
+/// doc). `None`: the writer's queue was full, and the stream is to be abandoned.
+fn hold_initial(
+    initial: &mut Option<Chunks>,
+    writer: &Writer,
+    scope: &Scope,
+    lines: Vec<Bytes>,
+) -> Option<Vec<Bytes>> {
+    let Some(held) = initial.as_mut() else {
+        return Some(lines);
+    };
+    let mut lines = lines.into_iter();
+    while let Some(line) = lines.next() {
+        match InitialLine::of(&line) {
+            InitialLine::Added => held.push(line),
+            InitialLine::End => {
+                held.push(line);
+                let op = CacheOp::InitialEvents {
+                    scope: scope.clone(),
+                    lines: initial.take().unwrap_or_default().into_pieces(),
+                };
+                return writer.submit(op).then(|| lines.collect());
+            }
+            InitialLine::Other => {
+                let mut ordinary = initial.take().unwrap_or_default().into_pieces();
+                ordinary.push(line);
+                ordinary.extend(lines);
+                return Some(ordinary);
+            }
+        }
+    }
+    Some(Vec::new())
 }
 
 /// What a watch line means for a streaming list, read off its first bytes: kube-apiserver
