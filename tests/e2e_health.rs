@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use outpost_testkit::{FakeApiServer, FakeConfig};
 use serde_json::{Value, json};
-use support::{Cluster, HubProcess, NODE, get, raw_http};
+use support::{Cluster, HubProcess, NODE, get, metrics_text, raw_http};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
@@ -51,15 +51,7 @@ fn renewals(fake: &FakeApiServer) -> usize {
 }
 
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-async fn metrics_text(hub: &HubProcess) -> String {
-    String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned()
+    support::sample(text, name).unwrap_or(0.0)
 }
 
 fn start_hub(cluster: &Cluster, extra: &[&str]) -> HubProcess {

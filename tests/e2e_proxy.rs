@@ -585,11 +585,7 @@ async fn admin_endpoints() {
         "{text}"
     );
     let sample = |series: &str| -> f64 {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-            .unwrap_or_else(|| panic!("no {series} in:\n{text}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
+        support::sample(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"))
     };
     let bytes = sample(
         r#"outpost_proxied_response_bytes_total{component="kubelet",resource="nodes",subresource="",verb="get"}"#,
@@ -651,12 +647,7 @@ async fn open_pod_watch(hub: &HubProcess) -> tokio::net::TcpStream {
 
 /// The value of `series` on the hub's `/metrics` (0 when absent).
 async fn metric(hub: &HubProcess, series: &str) -> f64 {
-    let metrics = get(hub.admin, "/metrics", "probe").await;
-    String::from_utf8_lossy(&metrics.body)
-        .lines()
-        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+    support::sample(&support::metrics_text(hub).await, series).unwrap_or(0.0)
 }
 
 /// yurthub's `node_yurthub_closable_conns_collector`: the open connections to each apiserver,

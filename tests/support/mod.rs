@@ -449,3 +449,16 @@ where
     .await
     .is_ok()
 }
+
+/// The hub's `/metrics` text.
+pub async fn metrics_text(hub: &HubProcess) -> String {
+    String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned()
+}
+
+/// The value of one series, its name and labels written exactly as exposed, in a Prometheus
+/// text exposition; `None` when the series is not there.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
