@@ -480,6 +480,72 @@ async fn a_503_from_an_aggregated_api_is_not_an_outage() {
     cluster.fake.restore().await;
 }
 
+/// A connection lost under one request that had been sent (a NAT that forgot a pooled
+/// connection, a reset on a bad link) says little about the server. The read is sent again on a
+/// fresh connection, the server stays healthy, and open watches go on: marking it unhealthy
+/// would send the node to its cache and end every watch for two probe rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_under_one_request_is_not_an_outage() {
+    const CLIENT: &str = "e2e-client/v1.0";
+    let cluster = cluster_with_pods(&["a"]).await;
+    // Rounds a minute apart: within this test only a probe the lost connections trigger acts.
+    let mut args = cluster.hub_args();
+    args.retain(|a| !a.starts_with("--heartbeat-interval-seconds"));
+    args.push("--heartbeat-interval-seconds=60".into());
+    let hub = cluster.start_hub_with(&args);
+    let (mut watch, _) = list_then_watch(&hub).await;
+    let services = "/api/v1/services";
+
+    // Once: the read is sent again on a fresh connection and answered.
+    cluster.fake.hang_up_under(services, 1);
+    let read = get(hub.proxy, services, CLIENT).await;
+    assert_eq!(read.status, 200, "{}", String::from_utf8_lossy(&read.body));
+    // Every time: the client gets a 503 saying why, after the hub's three tries.
+    cluster.fake.hang_up_under(services, usize::MAX);
+    let lost = get(hub.proxy, services, CLIENT).await;
+    assert_eq!(
+        (lost.status, &lost.json()["reason"]),
+        (503, &json!("ServiceUnavailable"))
+    );
+    assert!(
+        lost.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("closed the connection before answering")),
+        "{}",
+        String::from_utf8_lossy(&lost.body)
+    );
+    // Time for the probe the lost connections triggered.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ready = get(hub.admin, "/v1/readyz", "test").await;
+    assert!(
+        !String::from_utf8_lossy(&ready.body).contains("offline"),
+        "{}\n{}",
+        String::from_utf8_lossy(&ready.body),
+        hub.log_text()
+    );
+    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
+    changed["metadata"]["labels"]["app"] = json!("changed");
+    cluster.fake.update("v1/pods", changed).unwrap();
+    let change = loop {
+        match next_event(&mut watch).await {
+            WatchEvent::Bookmark(_) => continue,
+            event => break event_name(&event),
+        }
+    };
+    assert_eq!(change, ("MODIFIED".into(), "a".into()), "the watch goes on");
+    let node = kubelet_get(&hub, &format!("/api/v1/nodes/{NODE}")).await;
+    assert!(!served_from_cache(&node), "online, from the cloud");
+    let metrics = support::metrics_text(&hub).await;
+    let lost_connections: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("outpost_upstream_errors_total{"))
+        .filter(|l| l.contains(r#"kind="connection_lost""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(lost_connections, 4.0, "one, then three tries:\n{metrics}");
+    cluster.fake.restore().await;
+}
+
 /// The pods of a streaming list (`sendInitialEvents=true`: kube-rs `streaming_lists()`,
 /// client-go's WatchListClient), up to its end-of-initial-events bookmark.
 async fn streamed_list(pods: Api<Pod>, fields: &str) -> Vec<String> {

@@ -24,6 +24,11 @@ pub enum ProxyError {
     /// No TCP or TLS connection to any upstream could be made.
     #[error("no apiserver reachable ({server}): {cause}")]
     Unreachable { server: String, cause: String },
+    /// The connection closed or reset under a request that had been sent, before any answer:
+    /// this exchange failed, which says little about the server (a stale pooled connection, a
+    /// NAT that forgot it).
+    #[error("apiserver {server} closed the connection before answering: {cause}")]
+    ConnectionLost { server: String, cause: String },
     /// The upstream did not answer within the deadline.
     #[error("apiserver {server} did not answer within {after:?}")]
     Timeout { server: String, after: Duration },
@@ -71,9 +76,9 @@ impl ProxyError {
                 Status::bad_request(message)
             }
             ProxyError::Unauthenticated(_) => Status::new(Reason::Unauthorized, message),
-            ProxyError::Unreachable { .. } | ProxyError::NoUpstream => {
-                Status::service_unavailable(message)
-            }
+            ProxyError::Unreachable { .. }
+            | ProxyError::ConnectionLost { .. }
+            | ProxyError::NoUpstream => Status::service_unavailable(message),
             ProxyError::Timeout { .. } => Status::gateway_timeout(message),
             ProxyError::BadReply { .. } => Status::bad_gateway(message),
             ProxyError::Offline(_) => Status::service_unavailable(message).with_retry_after(1),
@@ -95,6 +100,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_) => "bad_request",
             ProxyError::Unauthenticated(_) => "unauthenticated",
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
+            ProxyError::ConnectionLost { .. } => "connection_lost",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BadReply { .. } => "bad_reply",
             ProxyError::Offline(_) => "offline",
@@ -112,6 +118,7 @@ impl ProxyError {
         matches!(
             self,
             ProxyError::Unreachable { .. }
+                | ProxyError::ConnectionLost { .. }
                 | ProxyError::Timeout { .. }
                 | ProxyError::BadReply { .. }
                 | ProxyError::NoUpstream
@@ -132,6 +139,13 @@ mod tests {
                 ProxyError::Unreachable {
                     server: "s".into(),
                     cause: "refused".into(),
+                },
+                503,
+            ),
+            (
+                ProxyError::ConnectionLost {
+                    server: "s".into(),
+                    cause: "reset".into(),
                 },
                 503,
             ),

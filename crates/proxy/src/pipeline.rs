@@ -50,6 +50,10 @@ use crate::upstream::Upstream;
 const NO_BEARER_TOKEN: &str =
     "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)";
 
+/// A read is sent at most this often: once, again on a fresh connection (or another server),
+/// and once more after the retry found its server refusing and moved on.
+const MAX_READ_ATTEMPTS: usize = 3;
+
 /// What every request handler shares.
 pub struct Pipeline {
     pub upstream: Arc<Upstream>,
@@ -170,8 +174,10 @@ impl Pipeline {
         let mut body = Some(body::stream(body));
         let mut sent = Err(ProxyError::NoUpstream);
         let mut outage = None;
-        for attempt in 0..2 {
-            // The retry goes to another healthy server; with none left, the first error stands.
+        for attempt in 0..MAX_READ_ATTEMPTS {
+            // A retry goes to a healthy server: the same one after a lost connection (on a fresh
+            // connection), another once a refused connect marked it down. With none left, the
+            // last error stands.
             let Some(server) = self.upstream.pick() else {
                 break;
             };
@@ -186,9 +192,9 @@ impl Pipeline {
             // Taken before the send, so an outage during it still ends the watch.
             outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
             sent = self.send(server, &route, upstream_req, deadline).await;
-            let failed = self.note_outcome(server, &sent);
-            let unreached = matches!(sent, Err(ref e) if e.is_upstream());
-            if !(failed && unreached && retryable && attempt == 0) {
+            self.note_outcome(server, &sent);
+            let unanswered = matches!(sent, Err(ref e) if e.is_upstream());
+            if !(unanswered && retryable && attempt + 1 < MAX_READ_ATTEMPTS) {
                 break;
             }
         }
@@ -248,21 +254,25 @@ impl Pipeline {
         }
     }
 
-    /// Counts a failure and marks the server unhealthy when it did not answer; returns whether
-    /// it failed so. A server that answered that it cannot serve is only suspected: the prober
-    /// looks at it at once (see [`crate::health::ServerStates::suspect`]).
+    /// Counts a failure and tells the health checker. Only a server that could not be
+    /// connected to is marked unhealthy at once. One exchange that failed after it was sent (the
+    /// connection lost, no headers in time, garbage), or an answer that the server cannot serve,
+    /// says little about the server, and marking it would end every watch on it: it is only
+    /// suspected, and the prober looks at it at once (see
+    /// [`crate::health::ServerStates::suspect`]).
     fn note_outcome(
         &self,
         server: &crate::upstream::Server,
         sent: &Result<Response<Incoming>, ProxyError>,
-    ) -> bool {
+    ) {
         let states = self.upstream.states();
         match sent {
             Err(e) => {
                 self.count_upstream_error(&server.label(), e);
-                if e.is_upstream() {
-                    states.mark_failed(server, &e.to_string());
-                    return true;
+                match e {
+                    ProxyError::Unreachable { .. } => states.mark_failed(server, &e.to_string()),
+                    e if e.is_upstream() => states.suspect(server, &e.to_string()),
+                    _ => {}
                 }
             }
             Ok(resp) if is_unavailable(resp.status()) => {
@@ -270,7 +280,6 @@ impl Pipeline {
             }
             Ok(_) => {}
         }
-        false
     }
 
     /// How long to wait for response headers. A cached read gives up 2 s before the client's own

@@ -311,7 +311,10 @@ impl Upstream {
             sent = self
                 .send(server, Identity::Node, own_request(&call)?, call.timeout)
                 .await;
-            if !matches!(sent, Err(ProxyError::Unreachable { .. })) {
+            if !matches!(
+                sent,
+                Err(ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. })
+            ) {
                 break;
             }
         }
@@ -433,8 +436,13 @@ fn https_client(
 /// the server did answer that is not HTTP).
 fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Error) -> ProxyError {
     let cause = error_chain(err);
-    if err.is_connect() || connection_lost(err) {
+    if err.is_connect() {
         ProxyError::Unreachable {
+            server: server.label(),
+            cause,
+        }
+    } else if connection_lost(err) {
+        ProxyError::ConnectionLost {
             server: server.label(),
             cause,
         }

@@ -2,7 +2,6 @@
 //! rules), authentication, injected failures, authorization (Node + RBAC), NodeRestriction
 //! admission, dispatch to discovery or a resource handler, and the request log.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -158,12 +157,28 @@ impl Info {
     }
 }
 
+/// Why a connection was closed instead of answered: the `hang_up_under` fault. hyper closes a
+/// connection whose service fails, without a response.
+#[derive(Debug)]
+pub struct HungUp;
+
+impl std::fmt::Display for HungUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("hung up on purpose (fault injection)")
+    }
+}
+
+impl std::error::Error for HungUp {}
+
 /// The hyper service function.
 pub async fn serve(
     shared: Arc<Shared>,
     conn: Arc<ConnInfo>,
     mut req: Request<Incoming>,
-) -> Result<Response<Body>, Infallible> {
+) -> Result<Response<Body>, HungUp> {
+    if shared.faults.hangs_up(req.uri().path()) {
+        return Err(HungUp);
+    }
     // exec / attach / port-forward switch protocols; the handle must be taken before the body.
     let on_upgrade = req
         .headers()

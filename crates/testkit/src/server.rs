@@ -432,6 +432,15 @@ impl FakeApiServer {
             .set_fail_under(code.map(|code| (prefix.to_owned(), code)));
     }
 
+    /// Closes the connection of the next `times` requests whose path starts with `prefix` once
+    /// each is read, without answering, as a link that drops an exchange does (a NAT that forgot
+    /// the connection, a reset on the way); new connections and other requests work.
+    pub fn hang_up_under(&self, prefix: &str, times: usize) {
+        self.shared
+            .faults
+            .set_hang_up_under(Some((prefix.to_owned(), times)));
+    }
+
     /// Aborts every open watch stream mid-body (the connection drops without a final chunk).
     pub fn cut_watches(&self) {
         self.shared.cut.send_modify(|generation| *generation += 1);
@@ -442,6 +451,7 @@ impl FakeApiServer {
         self.shared.faults.set_latency(Duration::ZERO);
         self.shared.faults.set_fail(None);
         self.shared.faults.set_fail_under(None);
+        self.shared.faults.set_hang_up_under(None);
         self.shared.faults.set_blackhole(false);
         if lock(&self.listener).is_none() {
             self.rebind().await;

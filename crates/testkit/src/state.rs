@@ -43,6 +43,9 @@ pub(crate) struct Faults {
     /// Requests under this path prefix fail with this code (an aggregated API whose backend
     /// is down); the rest of the server works.
     fail_under: Mutex<Option<(String, u16)>>,
+    /// The next so many requests under this path prefix lose their connection once read: no
+    /// answer at all.
+    hang_up_under: Mutex<Option<(String, usize)>>,
     blackhole: watch::Sender<bool>,
 }
 
@@ -52,6 +55,7 @@ impl Faults {
             latency: Mutex::new(Duration::ZERO),
             fail: Mutex::new(None),
             fail_under: Mutex::new(None),
+            hang_up_under: Mutex::new(None),
             blackhole: watch::channel(false).0,
         }
     }
@@ -76,6 +80,22 @@ impl Faults {
 
     pub fn set_fail_under(&self, prefix_and_code: Option<(String, u16)>) {
         *lock(&self.fail_under) = prefix_and_code;
+    }
+
+    /// Whether a request for `path` is to lose its connection instead of an answer (counted).
+    pub fn hangs_up(&self, path: &str) -> bool {
+        let mut hang_up = lock(&self.hang_up_under);
+        match hang_up.as_mut() {
+            Some((prefix, left)) if *left > 0 && path.starts_with(prefix.as_str()) => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn set_hang_up_under(&self, prefix_and_times: Option<(String, usize)>) {
+        *lock(&self.hang_up_under) = prefix_and_times;
     }
 
     pub fn set_fail(&self, code: Option<u16>) {

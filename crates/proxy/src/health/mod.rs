@@ -9,8 +9,9 @@
 //! is unreachable kubelet's node-status PATCH is kept and replayed on return ([`node_status`]).
 //!
 //! A server turns unhealthy on its first failed probe (after `--heartbeat-failed-retry` tries) or
-//! on a request it did not answer (refused, TLS failure, timeout, connection lost); a request
-//! answered 502/503/504 only has it probed at once ([`ServerStates::suspect`]). It turns healthy
+//! on a request that could not connect to it (refused, TLS failure). A request that failed after
+//! it was sent (connection lost, timeout, garbage) or was answered 502/503/504 only has it probed
+//! at once ([`ServerStates::suspect`]): one bad exchange must not end every watch. It turns healthy
 //! again after `--heartbeat-healthy-threshold` consecutive successful probes. Watches proxied
 //! from a server end when it turns unhealthy ([`ServerStates::next_outage`]). kubelet's liveness
 //! and the servers' health are separate states: a dead kubelet stops the heartbeat, never the
@@ -78,7 +79,8 @@ struct ServerState {
     streak: AtomicU32,
     /// How many times the server turned unhealthy; streams from it end on a change.
     outages: watch::Sender<u64>,
-    /// A request was answered 502/503/504 since the prober last looked ([`ServerStates::suspect`]).
+    /// A request failed after it was sent, or was answered 502/503/504, since the prober last
+    /// looked ([`ServerStates::suspect`]).
     suspected: AtomicBool,
 }
 
@@ -217,18 +219,19 @@ impl ServerStates {
         }
     }
 
-    /// A request to the server failed to connect or answer: unhealthy now, until probes say
-    /// otherwise.
+    /// A request could not connect to the server: unhealthy now, until probes say otherwise.
     pub fn mark_failed(&self, server: &Server, cause: &str) {
         if let Some(i) = self.index_of(server) {
             self.record_probe(i, false, cause);
         }
     }
 
-    /// A request to the server was answered 502, 503 or 504. That may be the server (or the
-    /// load balancer in front of it) unable to serve, or only what it fronts: kube-apiserver
-    /// answers 503 for an aggregated API whose backend is down (`metrics.k8s.io` without
-    /// metrics-server) while serving everything else. So the server is not marked unhealthy
+    /// A request to the server failed after it was sent (its connection lost or reset, no
+    /// headers in time, a reply that is not HTTP), or was answered 502, 503 or 504. That may be
+    /// the server (or the load balancer in front of it) unable to serve, or only that exchange
+    /// or what the server fronts: a pooled connection a NAT forgot, a slow LIST, an aggregated
+    /// API whose backend is down (kube-apiserver answers 503 for `metrics.k8s.io` without
+    /// metrics-server while serving everything else). So the server is not marked unhealthy
     /// here; the prober checks it at once ([`prober::run`]) and its probe decides.
     pub fn suspect(&self, server: &Server, cause: &str) {
         let Some(s) = self.index_of(server).map(|i| &self.servers[i]) else {

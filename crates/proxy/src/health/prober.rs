@@ -7,7 +7,7 @@
 //! covered by (1) answers `GET /readyz`, each with `--heartbeat-failed-retry` tries of
 //! `--heartbeat-timeout-seconds`. A skipped renewal never marks a server unhealthy: kubelet's
 //! death and the cloud's reachability are separate states. Between rounds, a server a request
-//! found answering 502/503/504 is probed at once (`GET /readyz`).
+//! found answering 502/503/504, or lost after sending, is probed at once (`GET /readyz`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,8 +125,9 @@ pub async fn run(
     }
 }
 
-/// Probes the servers a 5xx answer made suspect ([`ServerStates::suspect`]), then waits a
-/// little: a client hammering a broken aggregated API must not turn into a probe per request.
+/// Probes the servers a failed exchange or a 5xx answer made suspect
+/// ([`ServerStates::suspect`]), then waits a little: a client hammering a broken aggregated API
+/// must not turn into a probe per request.
 async fn probe_suspects(states: &ServerStates, upstream: &Upstream, config: &HealthConfig) {
     const SPACING: Duration = Duration::from_secs(1);
     let suspects = states.take_suspects();
