@@ -261,6 +261,64 @@ async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
     until_readyz(&hub, 200, "[+]cloud ok").await;
 }
 
+/// A read the first server is too slow to answer goes to the other one at once, not to the slow
+/// one again. The slow answer only has the first server suspected (a slow LIST is no outage);
+/// the probes decide, and find this one silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_times_out_is_retried_on_the_other_server() {
+    let (cluster, second) = two_servers().await;
+    let mut args: Vec<String> = cluster
+        .hub_args()
+        .into_iter()
+        .filter(|a| !a.starts_with("--server-addr="))
+        .collect();
+    args.push(format!(
+        "--server-addr={},{}",
+        cluster.fake.url(),
+        second.url()
+    ));
+    args.extend(["--working-mode=cloud".into(), "--lb-mode=priority".into()]);
+    let hub = HubProcess::spawn(&args);
+    let ua = "e2e-client/v1.0";
+    assert_eq!(get_pod(&hub, ua).await.0, 200);
+
+    cluster.fake.blackhole();
+    let started = Instant::now();
+    let resp = get(
+        hub.proxy,
+        "/api/v1/namespaces/default/pods/p?timeout=2s",
+        ua,
+    )
+    .await;
+    assert_eq!(resp.status, 200, "{}", String::from_utf8_lossy(&resp.body));
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "one timeout, then the other server: {took:?}"
+    );
+    // The probes find the silent server out; the other keeps the hub online.
+    let text = until_metrics(&hub, |text| {
+        text.lines()
+            .any(|l| l.starts_with("outpost_server_healthy{") && l.ends_with(" 0"))
+    })
+    .await;
+    assert!(text.contains("outpost_cloud_online 1"), "{text}");
+    cluster.fake.restore().await;
+}
+
+/// Polls `/metrics` (bounded) until `ok` holds for its text.
+async fn until_metrics(hub: &HubProcess, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = metrics_text(hub).await;
+        if ok(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "never reached:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Polls `/v1/readyz` (bounded) until it answers `code` with `needle` in its body.
 async fn until_readyz(hub: &HubProcess, code: u16, needle: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);

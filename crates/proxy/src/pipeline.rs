@@ -50,7 +50,7 @@ use crate::upstream::Upstream;
 const NO_BEARER_TOKEN: &str =
     "Unauthorized: this port accepts only bearer tokens (Authorization: Bearer)";
 
-/// A read is sent at most this often: once, again on a fresh connection (or another server),
+/// A read is sent at most this often: once, again on a fresh connection or to another server,
 /// and once more after the retry found its server refusing and moved on.
 const MAX_READ_ATTEMPTS: usize = 3;
 
@@ -174,11 +174,10 @@ impl Pipeline {
         let mut body = Some(body::stream(body));
         let mut sent = Err(ProxyError::NoUpstream);
         let mut outage = None;
+        let mut avoid = None;
         for attempt in 0..MAX_READ_ATTEMPTS {
-            // A retry goes to a healthy server: the same one after a lost connection (on a fresh
-            // connection), another once a refused connect marked it down. With none left, the
-            // last error stands.
-            let Some(server) = self.upstream.pick() else {
+            // With no server left to try, the last error stands.
+            let Some(server) = self.upstream.pick_except(avoid) else {
                 break;
             };
             let mut upstream_req =
@@ -193,10 +192,19 @@ impl Pipeline {
             outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
             sent = self.send(server, &route, upstream_req, deadline).await;
             self.note_outcome(server, &sent);
-            let unanswered = matches!(sent, Err(ref e) if e.is_upstream());
-            if !(unanswered && retryable && attempt + 1 < MAX_READ_ATTEMPTS) {
+            let Err(e) = &sent else { break };
+            if !(retryable && attempt + 1 < MAX_READ_ATTEMPTS) {
                 break;
             }
+            avoid = match e {
+                // The connect failure marked the server down, so it is not picked again; a lost
+                // connection is retried on a fresh one, to the same server if picked.
+                ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. } => None,
+                // A server that was too slow or garbled its answer is not asked twice: the
+                // retry goes to another healthy one, if any.
+                ProxyError::Timeout { .. } | ProxyError::BadReply { .. } => Some(server),
+                _ => break,
+            };
         }
         if let (Some(token), Ok(resp)) = (&route.token, &sent) {
             self.judge_token(token, resp.status());

@@ -2,8 +2,9 @@
 //!
 //! Two hyper clients share the pool settings: one presents the node's client certificate, one
 //! presents none (for callers with their own bearer token). [`Upstream::send`] performs one
-//! exchange with a deadline on the response headers and sorts failures into the three upstream
-//! error kinds the rest of the proxy understands (unreachable, timeout, bad reply).
+//! exchange with a deadline on the response headers and sorts failures into the upstream error
+//! kinds the rest of the proxy understands: unreachable (the connect failed), connection lost
+//! (after the request was sent), timeout, bad reply.
 //! [`Upstream::replace_tls`] swaps both clients when kubelet rotates the certificate the hub
 //! borrows (see [`watch_client_certificate`]); requests already under way finish on the old ones.
 
@@ -213,8 +214,14 @@ impl Upstream {
     /// A healthy server for the next request, per `--lb-mode`: round-robin over the healthy
     /// ones, or the first healthy one in flag order. `None` when none is healthy.
     pub fn pick(&self) -> Option<&Server> {
+        self.pick_except(None)
+    }
+
+    /// [`Self::pick`], leaving `excluded` out (the server a retry must not go back to).
+    pub fn pick_except(&self, excluded: Option<&Server>) -> Option<&Server> {
+        let excluded = excluded.and_then(|s| self.states.index_of(s));
         let healthy: Vec<usize> = (0..self.states.len())
-            .filter(|&i| self.states.is_healthy(i))
+            .filter(|&i| self.states.is_healthy(i) && Some(i) != excluded)
             .collect();
         let index = match self.lb_mode {
             LbMode::Priority => *healthy.first()?,
