@@ -416,30 +416,22 @@ async fn an_online_watch_ends_when_its_apiserver_goes_silent() {
     eprintln!("the online watch ended {took:?} after the apiserver went silent");
 }
 
-/// kube-apiserver answers 503 for an aggregated API whose backend is down (`metrics.k8s.io`
-/// without metrics-server) and serves everything else. Such answers are relayed and the server
-/// stays healthy: open watches go on and nothing is served from the cache. A server that
-/// answers 503 to everything, `/readyz` included (a load balancer with no backend), is found out
-/// by the probe the answer triggers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_503_from_an_aggregated_api_is_not_an_outage() {
-    const CLIENT: &str = "e2e-client/v1.0";
-    let cluster = cluster_with_pods(&["a"]).await;
-    // Rounds a minute apart: within this test only a probe the 503s trigger can find anything.
+/// A hub whose probe rounds are a minute apart: within a test only a probe that a failed request
+/// triggers can change a server's state.
+fn start_hub_with_slow_rounds(cluster: &Cluster) -> HubProcess {
     let mut args = cluster.hub_args();
     args.retain(|a| !a.starts_with("--heartbeat-interval-seconds"));
     args.push("--heartbeat-interval-seconds=60".into());
-    let hub = cluster.start_hub_with(&args);
-    let (mut watch, _) = list_then_watch(&hub).await;
+    cluster.start_hub_with(&args)
+}
 
-    cluster
-        .fake
-        .fail_requests_under("/apis/metrics.k8s.io", Some(503));
-    for _ in 0..3 {
-        let metrics = get(hub.proxy, "/apis/metrics.k8s.io/v1beta1/nodes", CLIENT).await;
-        assert_eq!(metrics.status, 503, "relayed as the apiserver answered");
-    }
-    // Time for the probe the answers triggered.
+/// After time for the probe a failed request triggered: the hub is still online, its open pod
+/// `watch` gets the next change, and a node GET comes from the cloud, not the cache.
+async fn still_online_and_watching(
+    cluster: &Cluster,
+    hub: &HubProcess,
+    watch: &mut (impl futures_util::Stream<Item = kube::Result<WatchEvent<Pod>>> + Unpin),
+) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ready = get(hub.admin, "/v1/readyz", "test").await;
     assert!(
@@ -452,15 +444,37 @@ async fn a_503_from_an_aggregated_api_is_not_an_outage() {
     changed["metadata"]["labels"]["app"] = json!("changed");
     cluster.fake.update("v1/pods", changed).unwrap();
     let change = loop {
-        match next_event(&mut watch).await {
+        match next_event(watch).await {
             WatchEvent::Bookmark(_) => continue,
             event => break event_name(&event),
         }
     };
     assert_eq!(change, ("MODIFIED".into(), "a".into()), "the watch goes on");
-    let node = kubelet_get(&hub, &format!("/api/v1/nodes/{NODE}")).await;
+    let node = kubelet_get(hub, &format!("/api/v1/nodes/{NODE}")).await;
     assert_eq!(node.status, 200);
     assert!(!served_from_cache(&node), "online, from the cloud");
+}
+
+/// kube-apiserver answers 503 for an aggregated API whose backend is down (`metrics.k8s.io`
+/// without metrics-server) and serves everything else. Such answers are relayed and the server
+/// stays healthy: open watches go on and nothing is served from the cache. A server that
+/// answers 503 to everything, `/readyz` included (a load balancer with no backend), is found out
+/// by the probe the answer triggers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_from_an_aggregated_api_is_not_an_outage() {
+    const CLIENT: &str = "e2e-client/v1.0";
+    let cluster = cluster_with_pods(&["a"]).await;
+    let hub = start_hub_with_slow_rounds(&cluster);
+    let (mut watch, _) = list_then_watch(&hub).await;
+
+    cluster
+        .fake
+        .fail_requests_under("/apis/metrics.k8s.io", Some(503));
+    for _ in 0..3 {
+        let metrics = get(hub.proxy, "/apis/metrics.k8s.io/v1beta1/nodes", CLIENT).await;
+        assert_eq!(metrics.status, 503, "relayed as the apiserver answered");
+    }
+    still_online_and_watching(&cluster, &hub, &mut watch).await;
 
     cluster.fake.fail_requests(Some(503));
     let down = get(hub.proxy, &format!("/api/v1/nodes/{NODE}"), CLIENT).await;
@@ -488,11 +502,7 @@ async fn a_503_from_an_aggregated_api_is_not_an_outage() {
 async fn a_connection_lost_under_one_request_is_not_an_outage() {
     const CLIENT: &str = "e2e-client/v1.0";
     let cluster = cluster_with_pods(&["a"]).await;
-    // Rounds a minute apart: within this test only a probe the lost connections trigger acts.
-    let mut args = cluster.hub_args();
-    args.retain(|a| !a.starts_with("--heartbeat-interval-seconds"));
-    args.push("--heartbeat-interval-seconds=60".into());
-    let hub = cluster.start_hub_with(&args);
+    let hub = start_hub_with_slow_rounds(&cluster);
     let (mut watch, _) = list_then_watch(&hub).await;
     let services = "/api/v1/services";
 
@@ -514,27 +524,7 @@ async fn a_connection_lost_under_one_request_is_not_an_outage() {
         "{}",
         String::from_utf8_lossy(&lost.body)
     );
-    // Time for the probe the lost connections triggered.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let ready = get(hub.admin, "/v1/readyz", "test").await;
-    assert!(
-        !String::from_utf8_lossy(&ready.body).contains("offline"),
-        "{}\n{}",
-        String::from_utf8_lossy(&ready.body),
-        hub.log_text()
-    );
-    let mut changed = cluster.fake.get("v1/pods", Some("default"), "a").unwrap();
-    changed["metadata"]["labels"]["app"] = json!("changed");
-    cluster.fake.update("v1/pods", changed).unwrap();
-    let change = loop {
-        match next_event(&mut watch).await {
-            WatchEvent::Bookmark(_) => continue,
-            event => break event_name(&event),
-        }
-    };
-    assert_eq!(change, ("MODIFIED".into(), "a".into()), "the watch goes on");
-    let node = kubelet_get(&hub, &format!("/api/v1/nodes/{NODE}")).await;
-    assert!(!served_from_cache(&node), "online, from the cloud");
+    still_online_and_watching(&cluster, &hub, &mut watch).await;
     let metrics = support::metrics_text(&hub).await;
     let lost_connections: f64 = metrics
         .lines()

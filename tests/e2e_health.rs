@@ -191,7 +191,7 @@ async fn two_servers() -> (Cluster, FakeApiServer) {
     (cluster, second)
 }
 
-fn with_servers(cluster: &Cluster, second: &FakeApiServer, mode: &str) -> HubProcess {
+fn with_servers(cluster: &Cluster, second: &FakeApiServer, extra: &[&str]) -> HubProcess {
     let mut args: Vec<String> = cluster
         .hub_args()
         .into_iter()
@@ -202,7 +202,7 @@ fn with_servers(cluster: &Cluster, second: &FakeApiServer, mode: &str) -> HubPro
         cluster.fake.url(),
         second.url()
     ));
-    args.push(format!("--working-mode={mode}"));
+    args.extend(extra.iter().map(|a| a.to_string()));
     HubProcess::spawn(&args)
 }
 
@@ -230,7 +230,7 @@ async fn wait_for_online(hub: &HubProcess, online: bool, within: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
     let (cluster, second) = two_servers().await;
-    let hub = with_servers(&cluster, &second, "cloud");
+    let hub = with_servers(&cluster, &second, &["--working-mode=cloud"]);
     // An uncached component: only failover, not the cache, can keep its reads working.
     let ua = "e2e-client/v1.0";
     for i in 0..40 {
@@ -267,18 +267,11 @@ async fn reads_fail_over_to_the_other_server_and_both_down_is_offline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_that_times_out_is_retried_on_the_other_server() {
     let (cluster, second) = two_servers().await;
-    let mut args: Vec<String> = cluster
-        .hub_args()
-        .into_iter()
-        .filter(|a| !a.starts_with("--server-addr="))
-        .collect();
-    args.push(format!(
-        "--server-addr={},{}",
-        cluster.fake.url(),
-        second.url()
-    ));
-    args.extend(["--working-mode=cloud".into(), "--lb-mode=priority".into()]);
-    let hub = HubProcess::spawn(&args);
+    let hub = with_servers(
+        &cluster,
+        &second,
+        &["--working-mode=cloud", "--lb-mode=priority"],
+    );
     let ua = "e2e-client/v1.0";
     assert_eq!(get_pod(&hub, ua).await.0, 200);
 
