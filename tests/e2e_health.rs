@@ -213,18 +213,10 @@ async fn get_pod(hub: &HubProcess, ua: &str) -> (u16, Value) {
 }
 
 async fn wait_for_online(hub: &HubProcess, online: bool, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let text = metrics_text(hub).await;
-        if metric(&text, "outpost_cloud_online") == f64::from(u8::from(online)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "online={online} not reached:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_metrics(hub, within, |text| {
+        metric(text, "outpost_cloud_online") == f64::from(u8::from(online))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +282,7 @@ async fn a_read_that_times_out_is_retried_on_the_other_server() {
         "one timeout, then the other server: {took:?}"
     );
     // The probes find the silent server out; the other keeps the hub online.
-    let text = until_metrics(&hub, |text| {
+    let text = until_metrics(&hub, Duration::from_secs(15), |text| {
         text.lines()
             .any(|l| l.starts_with("outpost_server_healthy{") && l.ends_with(" 0"))
     })
@@ -299,9 +291,9 @@ async fn a_read_that_times_out_is_retried_on_the_other_server() {
     cluster.fake.restore().await;
 }
 
-/// Polls `/metrics` (bounded) until `ok` holds for its text.
-async fn until_metrics(hub: &HubProcess, ok: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(15);
+/// Polls `/metrics` until `ok` holds for its text, for at most `within`.
+async fn until_metrics(hub: &HubProcess, within: Duration, ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + within;
     loop {
         let text = metrics_text(hub).await;
         if ok(&text) {
