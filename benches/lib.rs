@@ -74,6 +74,7 @@ impl Upstream {
             namespace: "kube-system".into(),
             health: outpost_proxy::health::HealthConfig::default(),
             filters: None,
+            pool_scope: Vec::new(),
             secure: None,
             token_bootstrap: None,
         }

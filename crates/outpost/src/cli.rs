@@ -14,6 +14,7 @@ use outpost_filter::FilterConfig;
 use outpost_proxy::bootstrap::{IdentityFiles, TokenBootstrap};
 use outpost_proxy::filtering::FilterSettings;
 use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
+use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
 use outpost_proxy::{LbMode, Server};
 
 /// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.
@@ -269,6 +270,12 @@ pub struct HubFlags {
     #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_pool_service_topology: bool,
+    /// What the shared cache holds (`group/version/resource`, comma separated; `/v1/services`
+    /// is the core group). Every node-local LIST and WATCH of these is answered from one list
+    /// and watch kept in memory. Unlike yurthub's, the value replaces the default rather than
+    /// adding to it, and an empty value turns the shared cache off.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_POOL_SCOPE)]
+    pub pool_scope_resources: Vec<String>,
     #[command(flatten)]
     pub inert: InertFlags,
 }
@@ -301,17 +308,11 @@ pub struct InertFlags {
     /// yurthub's `local` working mode only, which Outpost does not have.
     #[arg(long, default_value = "")]
     pub host_control_plane_address: String,
-    /// yurthub's leader-hub multiplexer port. Outpost has no multiplexer.
+    /// yurthub's leader-hub multiplexer port. Outpost shares pool-scope resources within the node
+    /// only (`--pool-scope-resources`), with no leader hub.
     #[arg(long, default_value_t = 10269)]
     pub multiplexer_port: u16,
-    /// Resources the leader hub's multiplexer shares (`group/version/resource`, comma
-    /// separated). Outpost has no multiplexer.
-    #[arg(long, value_delimiter = ',', default_value = POOL_SCOPE_RESOURCES)]
-    pub pool_scope_resources: Vec<String>,
 }
-
-/// yurthub's `--pool-scope-resources` default.
-const POOL_SCOPE_RESOURCES: &str = "/v1/services,discovery.k8s.io/v1/endpointslices";
 
 impl InertFlags {
     /// The flags given a value other than their default, as `--flag=value`.
@@ -345,12 +346,6 @@ impl InertFlags {
             "multiplexer-port",
             self.multiplexer_port.to_string(),
         );
-        let pool_scope = self.pool_scope_resources.join(",");
-        note(
-            pool_scope != POOL_SCOPE_RESOURCES,
-            "pool-scope-resources",
-            pool_scope,
-        );
         set
     }
 }
@@ -378,6 +373,8 @@ pub struct ValidatedHub {
     pub min_request_timeout: Duration,
     /// `--node-ip`: named by the serving certificate.
     pub node_ip: Option<IpAddr>,
+    /// `--pool-scope-resources`.
+    pub pool_scope: Vec<PoolScopeResource>,
 }
 
 impl HubFlags {
@@ -407,6 +404,15 @@ impl HubFlags {
         if self.min_request_timeout.is_zero() {
             return Err("--min-request-timeout must be more than 0".into());
         }
+        let pool_scope = self
+            .pool_scope_resources
+            .iter()
+            .filter(|r| !r.trim().is_empty())
+            .map(|r| {
+                r.parse()
+                    .map_err(|e| format!("--pool-scope-resources: {e}"))
+            })
+            .collect::<Result<Vec<PoolScopeResource>, String>>()?;
         Ok(ValidatedHub {
             servers,
             node_name: node_name.clone(),
@@ -443,6 +449,7 @@ impl HubFlags {
             health,
             min_request_timeout: self.min_request_timeout,
             node_ip,
+            pool_scope,
         })
     }
 }
@@ -720,11 +727,7 @@ mod tests {
     #[test]
     fn inert_flags_are_named_only_when_changed() {
         let mut args = GOOD.to_vec();
-        args.extend([
-            "--profiling=true",
-            "--max-requests-in-flight=250",
-            "--pool-scope-resources=/v1/services,discovery.k8s.io/v1/endpointslices",
-        ]);
+        args.extend(["--profiling=true", "--max-requests-in-flight=250"]);
         assert!(parse(&args).unwrap().hub.inert.set().is_empty());
         args.extend([
             "--enable-node-pool=false",

@@ -103,6 +103,7 @@ async fn run() -> Result<()> {
             ..outpost_proxy::health::HealthConfig::default()
         },
         filters: None,
+        pool_scope: Vec::new(),
         secure: None,
         token_bootstrap: None,
     })

@@ -73,6 +73,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         namespace: v.namespace.clone(),
         health: v.health.clone(),
         filters: Some(v.filters.clone()),
+        pool_scope: v.pool_scope.clone(),
         secure: Some(SecureConfig {
             addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),
             cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),

@@ -35,7 +35,7 @@ use crate::edge::negotiate;
 use crate::error::ProxyError;
 use crate::hubcfg::{HubCfg, SyncState};
 use crate::metrics::Metrics;
-use crate::reflector::{Handler, Reflector};
+use crate::reflector::{Handler, ListHead, Reflector};
 use crate::upstream::Upstream;
 
 /// Bodies larger than this are filtered on a blocking thread, off the async workers.
@@ -396,14 +396,20 @@ pub struct SideSync {
 }
 
 impl Handler for Box<dyn Handler> {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
-        (**self).replace(objects)
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, list: &ListHead) {
+        (**self).replace(objects, list)
     }
     fn upsert(&mut self, object: &[u8]) {
         (**self).upsert(object)
     }
     fn remove(&mut self, object: &[u8]) {
         (**self).remove(object)
+    }
+    fn progressed(&mut self, resource_version: &str) {
+        (**self).progressed(resource_version)
+    }
+    fn interrupted(&mut self) {
+        (**self).interrupted()
     }
     fn keep(&self, object: &[u8]) -> Option<Bytes> {
         (**self).keep(object)
@@ -436,7 +442,7 @@ impl Services {
 }
 
 impl Handler for Services {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
         let entries: Vec<ServiceEntry> = objects
             .values()
             .filter_map(|o| ServiceEntry::from_json(o).ok())
@@ -477,7 +483,7 @@ impl Handler for Services {
 struct Pools(watch::Sender<Arc<FilterContext>>);
 
 impl Handler for Pools {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
         let entries: Vec<NodePoolEntry> = objects
             .values()
             .filter_map(|o| NodePoolEntry::from_json(o).ok())
@@ -531,7 +537,7 @@ impl Buckets {
 }
 
 impl Handler for Buckets {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
         self.buckets = objects
             .values()
             .filter_map(|o| NodeBucketEntry::from_json(o).ok())
@@ -577,7 +583,7 @@ impl PoolLabel {
 }
 
 impl Handler for PoolLabel {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>) {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
         self.set(objects.values().next().map(|b| &b[..]));
     }
     fn upsert(&mut self, object: &[u8]) {
@@ -625,7 +631,7 @@ mod tests {
             "only what a filter reads is kept: {text}"
         );
         let objects = BTreeMap::from([("shop/web".to_owned(), kept)]);
-        services.replace(&objects);
+        services.replace(&objects, &ListHead::default());
         let annotations = |name: &str| ctx.borrow().service_annotations("shop", name).cloned();
         assert_eq!(
             annotations("web").unwrap()["openyurt.io/topologyKeys"],

@@ -15,6 +15,7 @@
 //! - [`callers`]: the plain and secure entries, and the tokens the cache may answer offline.
 //! - [`serving_cert`]: the secure port's certificate, requested from the cluster by CSR.
 //! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
+//! - [`multiplexer`]: the pool-scope shared cache (Services, EndpointSlices) all callers read.
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`memory`]: freed memory given back to the kernel after bursts (glibc's `malloc_trim`).
@@ -37,6 +38,7 @@ pub mod health;
 pub mod hubcfg;
 pub mod memory;
 pub mod metrics;
+pub mod multiplexer;
 pub mod ota;
 pub mod pipeline;
 pub mod reflector;
@@ -78,6 +80,8 @@ pub struct HubConfig {
     /// Response filters; `None` turns filtering off entirely (as does
     /// `--enable-resource-filter=false`).
     pub filters: Option<filtering::FilterSettings>,
+    /// `--pool-scope-resources`: what the shared cache holds (empty: no shared cache).
+    pub pool_scope: Vec<multiplexer::PoolScopeResource>,
     /// The HTTPS port for in-cluster clients; `None` serves none.
     pub secure: Option<SecureConfig>,
     /// Token mode: the client certificate is the hub's own, renewed in place
@@ -189,6 +193,12 @@ impl Hub {
             metrics.upstream_connections.clone(),
         ));
         let volatile = config.edge.as_ref().and_then(|c| c.volatile.clone());
+        let min_request_timeout = config
+            .edge
+            .as_ref()
+            .map_or(edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT, |c| {
+                c.min_request_timeout
+            });
         let edge = match config.edge {
             Some(c) => Some(
                 edge::Edge::new(
@@ -299,6 +309,18 @@ impl Hub {
             }
             None => None,
         };
+        let multiplexer = (!config.pool_scope.is_empty()).then(|| {
+            let (multiplexer, shared_tasks) = multiplexer::Multiplexer::start(
+                &config.pool_scope,
+                &upstream,
+                edge.as_ref().map(|e| e.store()),
+                &metrics,
+                min_request_timeout,
+                &shutdown_rx,
+            );
+            tasks.extend(shared_tasks.into_iter().map(|task| ("shared cache", task)));
+            multiplexer
+        });
         readiness.config = Some(cfg_watch.sync_state());
         tasks.push((
             "memory trim",
@@ -359,6 +381,7 @@ impl Hub {
             local_lease,
             node_status,
             filtering,
+            multiplexer,
             verified_tokens,
         });
         if let (Some(listener), Some(secure), Some(slot)) =

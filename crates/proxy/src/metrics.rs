@@ -32,6 +32,8 @@ pub struct Metrics {
     pub cache_degraded: IntGauge,
     /// Edge cache: requests answered from the cache, by verb and result.
     pub cache_served: IntCounterVec,
+    /// Pool-scope reads answered from the shared cache, by resource and verb.
+    pub shared_served: IntCounterVec,
     /// 1 while the cloud answers, 0 while the hub serves from its cache.
     pub cloud_online: IntGauge,
     /// Per `--server-addr`: 1 healthy, 0 unhealthy.
@@ -148,6 +150,14 @@ impl Metrics {
             &["verb", "result"],
         )
         .expect("valid metric definition");
+        let shared_served = IntCounterVec::new(
+            Opts::new(
+                "outpost_shared_cache_served_total",
+                "Pool-scope LISTs and WATCHes answered from the shared in-memory cache.",
+            ),
+            &["resource", "verb"],
+        )
+        .expect("valid metric definition");
         let cloud_online = IntGauge::new(
             "outpost_cloud_online",
             "1 while an apiserver answers, 0 while the hub serves from its cache.",
@@ -226,6 +236,7 @@ impl Metrics {
             Box::new(cache_dropped.clone()),
             Box::new(cache_degraded.clone()),
             Box::new(cache_served.clone()),
+            Box::new(shared_served.clone()),
             Box::new(cloud_online.clone()),
             Box::new(server_healthy.clone()),
             Box::new(server_transitions.clone()),
@@ -260,6 +271,7 @@ impl Metrics {
             cache_dropped,
             cache_degraded,
             cache_served,
+            shared_served,
             cloud_online,
             server_healthy,
             server_transitions,

@@ -43,6 +43,7 @@ use crate::error::ProxyError;
 use crate::filtering::Filtering;
 use crate::headers;
 use crate::metrics::Metrics;
+use crate::multiplexer::Multiplexer;
 use crate::route::{self, Route};
 use crate::upstream::Upstream;
 
@@ -66,6 +67,8 @@ pub struct Pipeline {
     pub node_status: Option<Arc<crate::health::node_status::NodeStatus>>,
     /// Response filters (absent when turned off entirely).
     pub filtering: Option<Arc<Filtering>>,
+    /// The pool-scope shared cache (absent with no `--pool-scope-resources`).
+    pub multiplexer: Option<Arc<Multiplexer>>,
     /// Secure-port tokens the apiserver has accepted (see [`crate::callers`]).
     pub verified_tokens: Arc<VerifiedTokens>,
 }
@@ -107,16 +110,27 @@ impl Pipeline {
             route = route.for_secure_caller(caller, verified);
         }
         let chain = route.filter.clone();
-        let result = match (&self.edge, route.cache.clone()) {
+        let shared = self
+            .multiplexer
+            .as_ref()
+            .and_then(|m| m.read(&info, req.headers()));
+        let answered = shared.as_ref().and_then(|s| s.answer(&info));
+        let result = match (&self.edge, route.cache.clone(), answered) {
+            (_, _, Some(resp)) => Ok(resp),
             _ if route.tunnel => self.tunnel(route, &info, req).await,
             _ if route.kubelet_lease => self.kubelet_lease(route, &info, req).await,
             _ if route.kubelet_status => match &self.node_status {
                 Some(status) => status.accept(req.into_body()).await,
                 None => self.remote(route, &info, req).await,
             },
-            (Some(edge), Some(plan)) if route.local => edge.serve(plan, &info, req.headers()).await,
+            (Some(edge), Some(plan), None) if route.local => {
+                edge.serve(plan, &info, req.headers()).await
+            }
             _ => self.remote(route, &info, req).await,
         };
+        if let (Some(shared), Ok(resp)) = (&shared, &result) {
+            shared.learn(resp);
+        }
         let result = match (&self.filtering, chain, result) {
             (Some(filtering), Some(chain), Ok(resp)) => {
                 filtering.apply(chain, info.verb, resp).await

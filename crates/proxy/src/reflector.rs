@@ -37,12 +37,16 @@ const SAVE_AFTER_QUIET: Duration = Duration::from_secs(1);
 
 /// What the reflector tells its owner. Objects are the JSON of one item, as received.
 pub trait Handler: Send + Sync + 'static {
-    /// Every object, after a list (or the cached copy at start).
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>);
+    /// Every object, after a list (or the cached copy at start), and what the list said of itself.
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, list: &ListHead);
     /// An object was added or modified.
     fn upsert(&mut self, object: &[u8]);
     /// An object was deleted.
     fn remove(&mut self, object: &[u8]);
+    /// The watch reached this resourceVersion (after an event, or a BOOKMARK without one).
+    fn progressed(&mut self, _resource_version: &str) {}
+    /// A list or watch failed: until the next `replace`, changes may be missed.
+    fn interrupted(&mut self) {}
     /// What the reflector keeps of an object, to hand to `replace` again after a restart (the
     /// saved copy): `None` when nothing of it matters to the handler. By default, all of it.
     fn keep(&self, object: &[u8]) -> Option<Bytes> {
@@ -53,6 +57,23 @@ pub trait Handler: Send + Sync + 'static {
 /// The default [`Handler::keep`]: the whole object.
 pub fn keep_whole(object: &[u8]) -> Option<Bytes> {
     Some(Bytes::copy_from_slice(object))
+}
+
+/// What a list says of itself besides its items.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListHead {
+    /// `ServiceList`; empty when the list (or an older saved copy) did not say.
+    pub kind: String,
+    pub api_version: String,
+    pub metadata: ListMeta,
+    /// Whether the list came from the cloud just now, rather than from the saved copy.
+    pub from_cloud: bool,
+}
+
+impl ListHead {
+    pub fn resource_version(&self) -> &str {
+        &self.metadata.resource_version
+    }
 }
 
 /// One resource kept in sync.
@@ -67,6 +88,8 @@ pub struct Reflector<H> {
     handler: H,
     state: watch::Sender<SyncState>,
     objects: BTreeMap<String, Bytes>,
+    /// The last list's kind and apiVersion, saved with the objects.
+    list_type: (String, String),
     resource_version: String,
 }
 
@@ -94,6 +117,7 @@ impl<H: Handler> Reflector<H> {
             handler,
             state: watch::Sender::new(SyncState::Pending),
             objects: BTreeMap::new(),
+            list_type: Default::default(),
             resource_version: String::new(),
         }
     }
@@ -118,6 +142,7 @@ impl<H: Handler> Reflector<H> {
                 Ok(()) => backoff = Duration::from_secs(1),
                 Err(e) => {
                     debug!(resource = %self.name, error = %e, "side-data sync failed; retrying");
+                    self.handler.interrupted();
                     self.note_failure(&e);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
@@ -147,7 +172,11 @@ impl<H: Handler> Reflector<H> {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
-            self.apply_list(BTreeMap::new(), String::new(), "cloud (not served)");
+            let head = ListHead {
+                from_cloud: true,
+                ..ListHead::default()
+            };
+            self.apply_list(BTreeMap::new(), head, "cloud (not served)");
             self.save().await;
             return Ok(());
         }
@@ -158,17 +187,24 @@ impl<H: Handler> Reflector<H> {
             )));
         }
         let bytes = OWN.collect(resp.into_body()).await?;
-        let (objects, rv) = parse_list(&bytes, |o| self.handler.keep(o))?;
-        self.apply_list(objects, rv, "cloud");
+        let (objects, mut head) = parse_list(&bytes, |o| self.handler.keep(o))?;
+        head.from_cloud = true;
+        self.apply_list(objects, head, "cloud");
         self.save().await;
         Ok(())
     }
 
-    /// Replaces every object (a list, or the cached copy at start) and reports the sync.
-    fn apply_list(&mut self, objects: BTreeMap<String, Bytes>, rv: String, source: &str) {
-        self.handler.replace(&objects);
+    /// Replaces every object (a list, or the cached copy at start) and reports the sync. Only a
+    /// list from the cloud gives a resourceVersion to watch from: the saved copy may be old.
+    fn apply_list(&mut self, objects: BTreeMap<String, Bytes>, head: ListHead, source: &str) {
+        self.handler.replace(&objects, &head);
         self.objects = objects;
-        self.resource_version = rv;
+        self.list_type = (head.kind.clone(), head.api_version.clone());
+        self.resource_version = if head.from_cloud {
+            head.metadata.resource_version
+        } else {
+            String::new()
+        };
         info!(resource = %self.name, objects = self.objects.len(), source, "side data listed");
         self.state.send_replace(SyncState::Synced {
             source: source.to_owned(),
@@ -186,16 +222,26 @@ impl<H: Handler> Reflector<H> {
             "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
             self.path, self.resource_version
         );
-        let resp = OWN.send(&self.upstream, &path).await?;
+        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
+        // Taken before the send, so an outage during it still ends the watch.
+        let outage = self.upstream.states().next_outage(server);
+        let resp = OWN.send_to(&self.upstream, server, &path).await?;
         if resp.status() != StatusCode::OK {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
         let mut framer = LineFramer::new();
         let mut save_at: Option<Instant> = None;
+        tokio::pin!(outage);
         loop {
             let line = tokio::select! {
                 line = OWN.next_line(&mut body, &mut framer) => line,
+                // A stream from a server found unhealthy may hang on a dead link for minutes:
+                // it is left, and the next list (when the cloud is back) catches up.
+                () = &mut outage => {
+                    self.save().await;
+                    return Err(bad_reply("its server became unhealthy".into()));
+                }
                 _ = sleep_until(save_at) => {
                     save_at = None;
                     self.save().await;
@@ -241,6 +287,7 @@ impl<H: Handler> Reflector<H> {
             _ => return Ok(Some(Ended::Relist)),
         }
         if !meta.resource_version.is_empty() {
+            self.handler.progressed(&meta.resource_version);
             self.resource_version = meta.resource_version;
         }
         Ok(None)
@@ -270,11 +317,12 @@ impl<H: Handler> Reflector<H> {
         let doc = tokio::task::spawn_blocking(move || store.get_document(&name)).await;
         let Ok(Ok(Some(doc))) = doc else { return };
         match gunzip(&doc).and_then(|doc| parse_list(&doc, |o| self.handler.keep(o))) {
-            Ok((objects, rv)) => {
+            Ok((objects, head)) => {
                 // Serve from the copy (not written back), but list afresh from the cloud: the
                 // copy may be old.
-                self.apply_list(objects, String::new(), "edge cache");
-                debug!(resource = %self.name, cached_rv = %rv, "side data loaded from the cache");
+                let cached_rv = head.resource_version().to_owned();
+                self.apply_list(objects, head, "edge cache");
+                debug!(resource = %self.name, %cached_rv, "side data loaded from the cache");
             }
             Err(e) => warn!(resource = %self.name, error = %e, "ignoring a corrupt cached copy"),
         }
@@ -289,10 +337,17 @@ impl<H: Handler> Reflector<H> {
             return;
         };
         let objects: Vec<Bytes> = self.objects.values().cloned().collect();
-        let rv = self.resource_version.clone();
+        let head = ListHead {
+            kind: self.list_type.0.clone(),
+            api_version: self.list_type.1.clone(),
+            metadata: ListMeta {
+                resource_version: self.resource_version.clone(),
+            },
+            from_cloud: false,
+        };
         let name = self.document();
         let saved = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let packed = packed_list_document(&objects, &rv).map_err(|e| e.to_string())?;
+            let packed = packed_list_document(&objects, &head).map_err(|e| e.to_string())?;
             store
                 .put_document(&name, &packed)
                 .map_err(|e| e.to_string())
@@ -322,15 +377,19 @@ struct Event<'a> {
 #[derive(Deserialize)]
 struct List<'a> {
     #[serde(default)]
+    kind: String,
+    #[serde(default, rename = "apiVersion")]
+    api_version: String,
+    #[serde(default)]
     metadata: ListMeta,
     #[serde(borrow, default)]
     items: Vec<&'a RawValue>,
 }
 
-#[derive(Deserialize, Default)]
-struct ListMeta {
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+pub struct ListMeta {
     #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
+    pub resource_version: String,
 }
 
 #[derive(Deserialize)]
@@ -355,12 +414,12 @@ impl ObjectMeta {
     }
 }
 
-/// What `keep` keeps of the items of a list body, by `namespace/name`, and the list's
-/// resourceVersion.
+/// What `keep` keeps of the items of a list body, by `namespace/name`, and the list's head
+/// (kind, apiVersion, resourceVersion).
 fn parse_list(
     bytes: &[u8],
     keep: impl Fn(&[u8]) -> Option<Bytes>,
-) -> Result<(BTreeMap<String, Bytes>, String), ProxyError> {
+) -> Result<(BTreeMap<String, Bytes>, ListHead), ProxyError> {
     let list: List<'_> =
         serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("list: {e}")))?;
     let mut objects = BTreeMap::new();
@@ -371,7 +430,13 @@ fn parse_list(
             objects.insert(meta.metadata.key(), kept);
         }
     }
-    Ok((objects, list.metadata.resource_version))
+    let head = ListHead {
+        kind: list.kind,
+        api_version: list.api_version,
+        metadata: list.metadata,
+        from_cloud: false,
+    };
+    Ok((objects, head))
 }
 
 /// gzip's first two bytes; a list document (JSON) starts with `{`.
@@ -380,13 +445,13 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const MAX_UNPACKED: u64 = 256 << 20;
 
 /// The objects as a list document, gzipped as it is written (no unpacked copy in between).
-fn packed_list_document(objects: &[Bytes], rv: &str) -> std::io::Result<Vec<u8>> {
+fn packed_list_document(objects: &[Bytes], head: &ListHead) -> std::io::Result<Vec<u8>> {
     let unpacked: usize = objects.iter().map(|o| o.len() + 1).sum();
     let mut packed = flate2::write::GzEncoder::new(
         Vec::with_capacity(unpacked / 8),
         flate2::Compression::fast(),
     );
-    write_list_document(&mut packed, objects, rv)?;
+    write_list_document(&mut packed, objects, head)?;
     packed.finish()
 }
 
@@ -408,11 +473,17 @@ fn gunzip(doc: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, ProxyError> {
 fn write_list_document(
     out: &mut impl std::io::Write,
     objects: &[Bytes],
-    rv: &str,
+    head: &ListHead,
 ) -> std::io::Result<()> {
-    out.write_all(br#"{"metadata":{"resourceVersion":"#)?;
-    out.write_all(serde_json::Value::from(rv).to_string().as_bytes())?;
-    out.write_all(br#"},"items":["#)?;
+    let head = serde_json::json!({
+        "kind": head.kind,
+        "apiVersion": head.api_version,
+        "metadata": {"resourceVersion": head.resource_version()},
+    });
+    let head = head.to_string();
+    // The head without its closing brace, then the items.
+    out.write_all(&head.as_bytes()[..head.len() - 1])?;
+    out.write_all(br#","items":["#)?;
     for (i, object) in objects.iter().enumerate() {
         if i > 0 {
             out.write_all(b",")?;
@@ -439,6 +510,16 @@ impl OwnGets {
         path: &str,
     ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
         let server = upstream.pick().ok_or(ProxyError::NoUpstream)?;
+        self.send_to(upstream, server, path).await
+    }
+
+    /// [`Self::send`] to a given server.
+    pub(crate) async fn send_to(
+        self,
+        upstream: &Upstream,
+        server: &crate::upstream::Server,
+        path: &str,
+    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
         let req = Request::builder()
             .method(Method::GET)
             .uri(path)
@@ -489,25 +570,38 @@ mod tests {
     use super::*;
 
     /// The document unpacked, as older hubs saved it.
-    fn list_document(objects: &BTreeMap<String, Bytes>, rv: &str) -> Vec<u8> {
+    fn list_document(objects: &BTreeMap<String, Bytes>, head: &ListHead) -> Vec<u8> {
         let objects: Vec<Bytes> = objects.values().cloned().collect();
         let mut doc = Vec::new();
-        write_list_document(&mut doc, &objects, rv).unwrap();
+        write_list_document(&mut doc, &objects, head).unwrap();
         doc
+    }
+
+    fn head(rv: &str) -> ListHead {
+        ListHead {
+            kind: "ServiceList".into(),
+            api_version: "v1".into(),
+            metadata: ListMeta {
+                resource_version: rv.into(),
+            },
+            from_cloud: false,
+        }
     }
 
     #[test]
     fn lists_round_trip_through_the_cached_document() {
-        let body = br#"{"kind":"ServiceList","metadata":{"resourceVersion":"42"},"items":[
+        let body = br#"{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"42"},"items":[
             {"metadata":{"name":"b","namespace":"x","resourceVersion":"40"}},
             {"metadata":{"name":"a","namespace":"x"}},
             {"metadata":{"name":"pool"}}]}"#;
-        let (objects, rv) = parse_list(body, keep_whole).unwrap();
-        assert_eq!(rv, "42");
+        let (objects, listed) = parse_list(body, keep_whole).unwrap();
+        assert_eq!(listed, head("42"));
         assert_eq!(objects.keys().collect::<Vec<_>>(), ["/pool", "x/a", "x/b"]);
-        let doc = list_document(&objects, &rv);
-        let (again, rv_again) = parse_list(&doc, keep_whole).unwrap();
-        assert_eq!((again, rv_again), (objects, rv));
+        let doc = list_document(&objects, &listed);
+        let (again, head_again) = parse_list(&doc, keep_whole).unwrap();
+        assert_eq!((again, head_again), (objects, listed));
+        let (_, bare) = parse_list(br#"{"items":[]}"#, keep_whole).unwrap();
+        assert_eq!(bare, ListHead::default(), "older saved copies name no kind");
         assert!(parse_list(b"{\"items\":[1]}", keep_whole).is_err());
         assert!(parse_list(b"nope", keep_whole).is_err());
     }
@@ -520,9 +614,9 @@ mod tests {
                 (format!("shop/svc-{i}"), Bytes::from(svc))
             })
             .collect();
-        let doc = list_document(&objects, "42");
+        let doc = list_document(&objects, &head("42"));
         let values: Vec<Bytes> = objects.values().cloned().collect();
-        let packed = packed_list_document(&values, "42").unwrap();
+        let packed = packed_list_document(&values, &head("42")).unwrap();
         assert!(packed.starts_with(&GZIP_MAGIC));
         assert!(
             packed.len() < doc.len() / 5,
@@ -530,8 +624,8 @@ mod tests {
             packed.len(),
             doc.len()
         );
-        let (again, rv) = parse_list(&gunzip(&packed).unwrap(), keep_whole).unwrap();
-        assert_eq!((again, rv.as_str()), (objects, "42"));
+        let (again, listed) = parse_list(&gunzip(&packed).unwrap(), keep_whole).unwrap();
+        assert_eq!((again, listed), (objects, head("42")));
         assert_eq!(
             &*gunzip(&doc).unwrap(),
             &doc[..],

@@ -295,7 +295,7 @@ fn list_body(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<u8> {
 }
 
 /// [`json_response`] for a body in pieces, with its Content-Length.
-fn json_response_in_pieces(chunks: Vec<Bytes>) -> Response<ProxyBody> {
+pub(crate) fn json_response_in_pieces(chunks: Vec<Bytes>) -> Response<ProxyBody> {
     use http_body_util::BodyExt;
     let len: usize = chunks.iter().map(Bytes::len).sum();
     let frames = chunks

@@ -165,7 +165,7 @@ async fn until_online(online: &mut watch::Receiver<bool>) {
     }
 }
 
-fn event_line(event_type: &str, object: &[u8]) -> Bytes {
+pub(crate) fn event_line(event_type: &str, object: &[u8]) -> Bytes {
     let mut line = Vec::with_capacity(object.len() + 32);
     line.extend_from_slice(b"{\"type\":\"");
     line.extend_from_slice(event_type.as_bytes());
@@ -180,7 +180,7 @@ fn replayed_line(event: &Event) -> Bytes {
 }
 
 /// A BOOKMARK as kube-apiserver sends it: only kind, apiVersion and resourceVersion.
-fn bookmark(kind: &KindInfo, rv: &str, initial_events_end: bool) -> Bytes {
+pub(crate) fn bookmark(kind: &KindInfo, rv: &str, initial_events_end: bool) -> Bytes {
     let mut metadata = json!({ "resourceVersion": rv });
     if initial_events_end {
         metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
@@ -196,7 +196,7 @@ fn expired_line(from: &str, detail: &str) -> Bytes {
     event_line("ERROR", &status.to_json())
 }
 
-fn default_timeout(min: Duration) -> Duration {
+pub(crate) fn default_timeout(min: Duration) -> Duration {
     let jitter = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()));

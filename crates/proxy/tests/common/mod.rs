@@ -23,6 +23,7 @@ pub fn hub_config(upstream: &str, tls: UpstreamTls, edge: Option<EdgeConfig>) ->
         namespace: "kube-system".into(),
         health: outpost_proxy::health::HealthConfig::default(),
         filters: None,
+        pool_scope: Vec::new(),
         secure: None,
         token_bootstrap: None,
     }
