@@ -132,6 +132,8 @@ fn the_hub_role_grants_exactly_the_listed_calls() {
         "apps.openyurt.io/nodebuckets:watch",
         "apps.openyurt.io/nodepools:list",
         "apps.openyurt.io/nodepools:watch",
+        "discovery.k8s.io/endpointslices:list",
+        "discovery.k8s.io/endpointslices:watch",
     ];
     assert_eq!(grants, expected.iter().map(|s| s.to_string()).collect());
 

@@ -85,8 +85,15 @@ async fn hub_rbac_manifest_grants_the_node_its_extra_permissions() {
             .status,
         403
     );
+    // EndpointSlices are granted (list and watch) for the shared cache; get is not.
     assert_eq!(
         node.get("/apis/discovery.k8s.io/v1/endpointslices")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        node.get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web")
             .await
             .status,
         403
