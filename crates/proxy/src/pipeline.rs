@@ -3,8 +3,9 @@
 //! ```text
 //!   client ─▶ 1. classify ─▶ 2. route ──┬─▶ 3a. remote ──(tee)──┬─▶ 4. filter ─▶ 5. respond ─▶ client
 //!             RequestInfo     Route      │   Upstream (TLS)      │   Chain or     Status on error,
-//!             (400 if bad)    CachePlan  └─▶ 3b. cache ──────────┘   untouched    metrics, logs
-//!                             Chain           (edge mode, cloud unreachable)
+//!             (400 if bad)    CachePlan  ├─▶ 3s. shared cache ───┤   untouched    metrics, logs
+//!                             Chain      └─▶ 3b. cache ──────────┘
+//!                                             (edge mode, cloud unreachable)
 //! ```
 //!
 //! 1. [`classify`]: one [`RequestInfo`] per request (kube-apiserver's rules); a request the
@@ -13,7 +14,9 @@
 //! 2. [`route::decide`]: which identity to present, whether this is a protocol switch, and in
 //!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down; a
 //!    secure-port caller's route also says whether the cache may answer its token.
-//! 3. `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
+//! 3. 3s: a LIST or WATCH of a pool-scope resource (Services, EndpointSlices) that the shared
+//!    cache can answer exactly is answered from memory ([`crate::multiplexer`]). Otherwise
+//!    `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
 //!    streaming both ways; in edge mode a good response is teed into the cache, and an upstream
 //!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
 //!    the cache answers (or a Status says why it cannot).

@@ -1,8 +1,10 @@
 //! A list + watch of one resource that the hub keeps for itself (the filters' Services,
-//! NodePools and this Node): the hub's own small informer.
+//! NodePools and this Node, and the shared cache's pool-scope resources): the hub's own small
+//! informer.
 //!
 //! [`Reflector::run`] lists, then watches from the list's resourceVersion, re-watches when a
-//! stream ends and relists after an `ERROR` event (410 Gone) or a failure, with backoff. Every
+//! stream ends and relists after an `ERROR` event (410 Gone), a failure, or its server turning
+//! unhealthy (a dead link may hold a stream for minutes), with backoff. Every
 //! change is handed to a [`Handler`]. In edge mode the objects are also kept in the cache as one
 //! document, and a hub that starts offline begins from that copy, so filters behave the same
 //! after a reboot without the cloud. The requests carry the hub's own User-Agent (`outpost/…`),
