@@ -99,6 +99,12 @@ fn sorted_names(list: &Value) -> Vec<String> {
     names
 }
 
+/// The Services' names upstream, sorted.
+fn upstream_service_names(cluster: &Cluster) -> Vec<String> {
+    let list = json!({"items": cluster.fake.list("v1/services", None)});
+    sorted_names(&list)
+}
+
 /// The hub's own reads of `path` (User-Agent `outpost/…`) and everyone else's.
 fn upstream_reads(cluster: &Cluster, path: &str) -> (usize, usize) {
     let records = cluster.fake.requests();
@@ -137,16 +143,7 @@ async fn node_local_readers_share_one_list_and_watch() {
         (list["kind"].as_str(), list["apiVersion"].as_str()),
         (Some("ServiceList"), Some("v1"))
     );
-    let upstream: Vec<String> = {
-        let mut n: Vec<String> = cluster
-            .fake
-            .list("v1/services", None)
-            .iter()
-            .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
-            .collect();
-        n.sort();
-        n
-    };
+    let upstream = upstream_service_names(&cluster);
     assert_eq!(sorted_names(&list), upstream);
     let rv: u64 = list["metadata"]["resourceVersion"]
         .as_str()
@@ -395,16 +392,7 @@ async fn offline_it_answers_everyone_and_converges_when_the_cloud_returns() {
         ends_without_changes(&mut offline_watch, Duration::from_secs(15)).await,
         "a watch served offline ends when the cloud is back"
     );
-    let upstream: Vec<String> = {
-        let mut n: Vec<String> = cluster
-            .fake
-            .list("v1/services", None)
-            .iter()
-            .map(|s| s["metadata"]["name"].as_str().unwrap().to_owned())
-            .collect();
-        n.sort();
-        n
-    };
+    let upstream = upstream_service_names(&cluster);
     let mut converged = None;
     for _ in 0..100 {
         let resp = read(&hub, SERVICES, app, None).await;

@@ -81,21 +81,28 @@ pub async fn serve(
         kind = resolve_kind(store, &scope.gvr, None).await?;
         replay(store, scope, from).await?
     };
-    let timeout = q
-        .timeout_seconds
-        .filter(|&s| s > 0)
-        .map_or_else(|| default_timeout(min_request_timeout), Duration::from_secs);
+    let timeout = watch_timeout(info, min_request_timeout);
     let (tx, rx) = mpsc::channel(64);
     let bookmarks = q.allow_watch_bookmarks;
     tokio::spawn(stream(start, kind, bookmarks, timeout, online, tx));
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
+    Ok(streamed(rx))
+}
+
+/// How long a watch served by the hub lasts: `timeoutSeconds`, or 1x-2x `min_request_timeout`.
+pub(crate) fn watch_timeout(info: &RequestInfo, min_request_timeout: Duration) -> Duration {
+    info.query
+        .timeout_seconds
+        .filter(|&s| s > 0)
+        .map_or_else(|| default_timeout(min_request_timeout), Duration::from_secs)
+}
+
+/// A watch response whose lines come from `lines`, as a task sends them.
+pub(crate) fn streamed(lines: mpsc::Receiver<Bytes>) -> Response<ProxyBody> {
+    let frames = futures_util::stream::unfold(lines, |mut rx| async move {
         let line = rx.recv().await?;
         Some((Ok::<_, BoxError>(Frame::data(line)), rx))
     });
-    Ok(offline::cache_response(
-        StreamBody::new(frames).boxed(),
-        "application/json",
-    ))
+    offline::cache_response(StreamBody::new(frames).boxed(), "application/json")
 }
 
 async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<Start, ProxyError> {
@@ -140,10 +147,7 @@ async fn stream(
     }
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
-    let mut tick = tokio::time::interval_at(
-        tokio::time::Instant::now() + BOOKMARK_INTERVAL,
-        BOOKMARK_INTERVAL,
-    );
+    let mut tick = bookmark_ticks();
     loop {
         tokio::select! {
             _ = &mut deadline => return,
@@ -156,6 +160,14 @@ async fn stream(
             }
         }
     }
+}
+
+/// Ticks every [`BOOKMARK_INTERVAL`], the first one interval from now.
+pub(crate) fn bookmark_ticks() -> tokio::time::Interval {
+    tokio::time::interval_at(
+        tokio::time::Instant::now() + BOOKMARK_INTERVAL,
+        BOOKMARK_INTERVAL,
+    )
 }
 
 async fn until_online(online: &mut watch::Receiver<bool>) {
@@ -196,7 +208,7 @@ fn expired_line(from: &str, detail: &str) -> Bytes {
     event_line("ERROR", &status.to_json())
 }
 
-pub(crate) fn default_timeout(min: Duration) -> Duration {
+fn default_timeout(min: Duration) -> Duration {
     let jitter = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::from(d.subsec_nanos()));

@@ -9,15 +9,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Response;
 use http::header::HeaderValue;
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
 use outpost_core::RequestInfo;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::store::{OpenedWatch, Selection, Shared, Snapshot, WatchFrom};
-use crate::body::{BoxError, ProxyBody};
+use crate::body::ProxyBody;
 use crate::edge::offline;
-use crate::edge::watch::{BOOKMARK_INTERVAL, bookmark, default_timeout, event_line};
+use crate::edge::watch::{bookmark, bookmark_ticks, event_line, streamed, watch_timeout};
 
 /// The `x-outpost-served-from` mark of these answers.
 const SERVED_FROM: HeaderValue = HeaderValue::from_static("shared-cache");
@@ -87,10 +85,6 @@ pub fn watch_response(
     min_request_timeout: Duration,
 ) -> Response<ProxyBody> {
     let q = &info.query;
-    let timeout = q
-        .timeout_seconds
-        .filter(|&s| s > 0)
-        .map_or_else(|| default_timeout(min_request_timeout), Duration::from_secs);
     let watcher = Watcher {
         shared,
         selection,
@@ -98,15 +92,9 @@ pub fn watch_response(
         initial_events_end: q.allow_watch_bookmarks && q.send_initial_events == Some(true),
     };
     let (tx, rx) = mpsc::channel(64);
+    let timeout = watch_timeout(info, min_request_timeout);
     tokio::spawn(watcher.run(opened, timeout, online, tx));
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move {
-        let line = rx.recv().await?;
-        Some((Ok::<_, BoxError>(Frame::data(line)), rx))
-    });
-    marked(offline::cache_response(
-        StreamBody::new(frames).boxed(),
-        "application/json",
-    ))
+    marked(streamed(rx))
 }
 
 fn marked(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
@@ -153,10 +141,7 @@ impl Watcher {
         breaks.mark_unchanged();
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
-        let mut tick = tokio::time::interval_at(
-            tokio::time::Instant::now() + BOOKMARK_INTERVAL,
-            BOOKMARK_INTERVAL,
-        );
+        let mut tick = bookmark_ticks();
         loop {
             let line = tokio::select! {
                 _ = &mut deadline => return,
