@@ -214,6 +214,10 @@ async fn kubelet_round(hub: &HubProcess, round: u32) {
     ] {
         expect(kubelet(hub, "GET", path, None).await, 200, path);
     }
+    // kube-proxy on the same node reads EndpointSlices: the shared cache lists and watches them.
+    let slices = "/apis/discovery.k8s.io/v1/endpointslices?limit=500&resourceVersion=0";
+    let read = support::get(hub.proxy, slices, "kube-proxy/v1.32.4").await;
+    expect(read, 200, slices);
     let event = json!({"apiVersion": "v1", "kind": "Event",
         "metadata": {"name": format!("web.e2e-{round}"), "namespace": "default"},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "web", "namespace": "default"},

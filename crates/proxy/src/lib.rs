@@ -310,16 +310,14 @@ impl Hub {
             None => None,
         };
         let multiplexer = (!config.pool_scope.is_empty()).then(|| {
-            let (multiplexer, shared_tasks) = multiplexer::Multiplexer::start(
+            multiplexer::Multiplexer::new(
                 &config.pool_scope,
                 &upstream,
                 edge.as_ref().map(|e| e.store()),
                 &metrics,
                 min_request_timeout,
                 &shutdown_rx,
-            );
-            tasks.extend(shared_tasks.into_iter().map(|task| ("shared cache", task)));
-            multiplexer
+            )
         });
         readiness.config = Some(cfg_watch.sync_state());
         tasks.push((

@@ -15,8 +15,10 @@
 //!   the store; a caller with a token is answered here only after the apiserver answered that
 //!   token's same read (verb, resource, namespace, name) within [`GRANT_TTL`].
 //!
-//! In edge mode the objects are also kept in the cache, so a hub restarted without the cloud
-//! answers from the copy; with the cloud up, only a store fed from the cloud answers.
+//! A resource's list and watch start with the first read of it, as yurthub's cachers do: a node
+//! where nothing reads it keeps none of it in memory. In edge mode the objects are also kept in
+//! the cache, so a hub restarted without the cloud answers from the copy; with the cloud up,
+//! only a store fed from the cloud answers.
 
 pub mod serve;
 pub mod store;
@@ -29,7 +31,6 @@ use http::{HeaderMap, Response};
 use outpost_cache::{Gvr, Store};
 use outpost_core::{RequestInfo, Verb};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tracing::info;
 
 use crate::body::ProxyBody;
@@ -101,61 +102,77 @@ impl PoolScopeResource {
 
 /// The shared stores, one per pool-scope resource.
 pub struct Multiplexer {
-    resources: Vec<(Gvr, Arc<Shared>)>,
+    resources: Vec<Resource>,
     states: Arc<ServerStates>,
     grants: Grants,
     metrics: Metrics,
     min_request_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// One pool-scope resource: its store, and until the first read of it, its idle feed.
+struct Resource {
+    gvr: Gvr,
+    shared: Arc<Shared>,
+    /// Started on the first read, as yurthub's multiplexer starts its cachers: a node where
+    /// nothing reads the resource keeps none of it in memory.
+    feed: Mutex<Option<Reflector<Feed>>>,
 }
 
 impl Multiplexer {
-    /// Starts a reflector per resource (saving to `store`, in edge mode); returns the
-    /// multiplexer and the reflectors' tasks.
-    pub fn start(
+    /// A store and an idle reflector per resource (saving to `store`, in edge mode).
+    pub fn new(
         resources: &[PoolScopeResource],
         upstream: &Arc<Upstream>,
         store: Option<&Arc<dyn Store>>,
         metrics: &Metrics,
         min_request_timeout: Duration,
         shutdown: &watch::Receiver<bool>,
-    ) -> (Arc<Multiplexer>, Vec<JoinHandle<()>>) {
-        let mut shared = Vec::new();
-        let mut tasks = Vec::new();
-        for resource in resources {
-            let name = format!("pool-{}", resource.gvr);
-            let store_of_resource = Shared::new(name.clone(), resource.selectable());
-            let reflector = Reflector::new(
-                &name,
-                resource.path(),
-                upstream.clone(),
-                store.cloned(),
-                Feed(store_of_resource.clone()),
-            );
-            tasks.push(tokio::spawn(reflector.run(shutdown.clone())));
-            shared.push((resource.gvr.clone(), store_of_resource));
-        }
-        info!(resources = ?shared.iter().map(|(g, _)| g.to_string()).collect::<Vec<_>>(), "pool-scope shared cache");
-        let multiplexer = Multiplexer {
-            resources: shared,
+    ) -> Arc<Multiplexer> {
+        let resources: Vec<Resource> = resources
+            .iter()
+            .map(|resource| {
+                let name = format!("pool-{}", resource.gvr);
+                let shared = Shared::new(name.clone(), resource.selectable());
+                let feed = Reflector::new(
+                    &name,
+                    resource.path(),
+                    upstream.clone(),
+                    store.cloned(),
+                    Feed(shared.clone()),
+                );
+                Resource {
+                    gvr: resource.gvr.clone(),
+                    shared,
+                    feed: Mutex::new(Some(feed)),
+                }
+            })
+            .collect();
+        info!(resources = ?resources.iter().map(|r| r.gvr.to_string()).collect::<Vec<_>>(), "pool-scope shared cache");
+        Arc::new(Multiplexer {
+            resources,
             states: upstream.states().clone(),
             grants: Grants::default(),
             metrics: metrics.clone(),
             min_request_timeout,
-        };
-        (Arc::new(multiplexer), tasks)
+            shutdown: shutdown.clone(),
+        })
     }
 
     /// Whether this request is a read of a pool-scope resource that the store may answer;
-    /// `None` for every other request.
+    /// `None` for every other request. The first read of a resource starts its feed (and is
+    /// itself sent the normal way, as are all until the store is synced).
     pub fn read(&self, info: &RequestInfo, headers: &HeaderMap) -> Option<SharedRead<'_>> {
         if !matches!(info.verb, Verb::List | Verb::Watch) || !info.subresource.is_empty() {
             return None;
         }
-        let (_, shared) = self.resources.iter().find(|(gvr, _)| {
-            gvr.resource == info.resource
-                && gvr.version == info.api_version
-                && gvr.group == info.api_group
+        let resource = self.resources.iter().find(|r| {
+            r.gvr.resource == info.resource
+                && r.gvr.version == info.api_version
+                && r.gvr.group == info.api_group
         })?;
+        self.start_feed(resource);
+        let shared = &resource.shared;
         if !negotiate::accepts_json(headers) || !shared.selects_by(&info.query.field_selector) {
             return None;
         }
@@ -176,6 +193,14 @@ impl Multiplexer {
             },
             grant,
         })
+    }
+
+    fn start_feed(&self, resource: &Resource) {
+        let mut feed = resource.feed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(reflector) = feed.take() {
+            info!(resource = %resource.shared.name, "first read: starting the shared cache's list and watch");
+            tokio::spawn(reflector.run(self.shutdown.clone()));
+        }
     }
 }
 
