@@ -172,6 +172,20 @@ struct State {
     breaks: u64,
 }
 
+impl State {
+    /// The kind to answer with, when reads can be answered here: a list was applied and it was
+    /// fed from the cloud since, or the cloud is away.
+    fn answering(&self, offline: bool) -> Option<KindInfo> {
+        let servable = self.loaded && (self.live || offline);
+        self.kind.clone().filter(|_| servable)
+    }
+
+    /// The current objects `selection` reads, in key order.
+    fn selected<'a>(&'a self, selection: &'a Selection) -> impl Iterator<Item = &'a Arc<Item>> {
+        self.objects.values().filter(|item| selection.matches(item))
+    }
+}
+
 impl Shared {
     pub fn new(name: String, selectable: &'static [&'static str]) -> Arc<Shared> {
         Arc::new(Shared {
@@ -196,10 +210,9 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether reads can be answered here: fed from the cloud, or, with the cloud away, loaded.
-    pub fn is_servable(&self, offline: bool) -> bool {
-        let state = self.state();
-        state.loaded && (state.live || offline) && state.kind.is_some()
+    #[cfg(test)]
+    fn is_servable(&self, offline: bool) -> bool {
+        self.state().answering(offline).is_some()
     }
 
     /// The objects `selection` reads, if the store is servable and at least at `not_older_than`.
@@ -210,18 +223,14 @@ impl Shared {
         offline: bool,
     ) -> Option<Snapshot> {
         let state = self.state();
-        if !(state.loaded && (state.live || offline)) || state.resource_version < not_older_than {
+        let kind = state.answering(offline)?;
+        if state.resource_version < not_older_than {
             return None;
         }
         Some(Snapshot {
-            kind: state.kind.clone()?,
+            kind,
             resource_version: state.resource_version,
-            items: state
-                .objects
-                .values()
-                .filter(|item| selection.matches(item))
-                .cloned()
-                .collect(),
+            items: state.selected(selection).cloned().collect(),
         })
     }
 
@@ -234,15 +243,11 @@ impl Shared {
         offline: bool,
     ) -> Option<OpenedWatch> {
         let state = self.state();
-        if !(state.loaded && (state.live || offline)) {
-            return None;
-        }
+        let kind = state.answering(offline)?;
         let initial = match from {
             WatchFrom::Current { not_older_than } if not_older_than <= state.resource_version => {
                 state
-                    .objects
-                    .values()
-                    .filter(|item| selection.matches(item))
+                    .selected(selection)
                     .map(|item| ("ADDED", item.bytes.clone()))
                     .collect()
             }
@@ -258,7 +263,7 @@ impl Shared {
             _ => return None,
         };
         Some(OpenedWatch {
-            kind: state.kind.clone()?,
+            kind,
             initial,
             resource_version: state.resource_version,
             changes: self.changes.subscribe(),
