@@ -10,9 +10,10 @@
 //! 1. Starts the bundled fake apiserver with a full node's worth of objects in real shapes: 110
 //!    pods bound to `edge-1` (the fixture's real kube-system pods, renamed), 100 ConfigMaps and
 //!    100 Secrets those pods mount, 1,000 Services and 1,000 EndpointSlices.
-//! 2. Runs the release `outpost` binary online in edge mode, reads its RSS idle, makes the
-//!    cache-warming LISTs of kubelet and kube-proxy through it, reads its RSS again, and stops it
-//!    with SIGTERM.
+//! 2. Runs the release `outpost` binary online in edge mode, reads its RSS idle (2 s and 20 s
+//!    after it is ready), makes the cache-warming LISTs of kubelet and kube-proxy through it,
+//!    reads its RSS again, opens their watches and relists (steady state), and stops it with
+//!    SIGTERM.
 //! 3. Makes the apiserver refuse connections and, `--runs` times each (interleaved), spawns the
 //!    binary on the same cache directory and times, from just before the spawn:
 //!    - `list`: the first `200` (served from the edge cache) to kubelet's pod LIST;
@@ -58,9 +59,14 @@ const SERVICES: usize = 1000;
 const DEADLINE: Duration = Duration::from_secs(10);
 /// Pause between connection attempts while the hub is starting.
 const POLL: Duration = Duration::from_micros(200);
+/// When an idle hub's memory has stopped growing.
+const IDLE_SETTLED: Duration = Duration::from_secs(20);
+/// The functions build.rs has placed together in the release binary.
+const HOT_ORDER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/link/hot.order");
 
 fn main() -> Result<()> {
     let Args { runs, bin } = parse_args()?;
+    println!("{}", hot_order_coverage(&bin));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -107,6 +113,10 @@ fn main() -> Result<()> {
     std::thread::sleep(Duration::from_secs(2));
     let idle = hub.memory()?;
     println!("online, idle (2 s after ready):              {idle}");
+    // The first seconds' probes, heartbeats and watches still add a little (≈0.9 MiB of heap).
+    std::thread::sleep(IDLE_SETTLED - Duration::from_secs(2));
+    let idle = hub.memory()?;
+    println!("online, idle (20 s after ready):             {idle}");
     let t = Instant::now();
     let mut bytes = 0;
     for w in &warm {
@@ -156,6 +166,11 @@ fn main() -> Result<()> {
     println!(
         "  VmRSS each second after warming (MiB):     {}",
         series.join(" ")
+    );
+    let (events, shared) = steady_state(hub.proxy, &warm)?;
+    println!(
+        "steady state: {events} events from kubelet's and kube-proxy's watches (1 s); \
+         {shared} of kube-proxy's 2 relists answered from the shared cache"
     );
     let status = hub.terminate()?;
     ensure!(status.success(), "online hub exited with {status}");
@@ -283,6 +298,72 @@ fn parse_args() -> Result<Args> {
         bin.display()
     );
     Ok(Args { runs, bin })
+}
+
+/// After the start-up lists: kubelet's and kube-proxy's watches (from resourceVersion 0, so
+/// they start with every object; one second each, at once) and kube-proxy's relists. Returns the
+/// events seen and how many relists the shared cache answered. This is also the steady state
+/// `link/regenerate.sh` profiles.
+fn steady_state(proxy: SocketAddr, warm: &[Warm]) -> Result<(usize, usize)> {
+    let kube_proxy: Vec<&Warm> = warm.iter().filter(|w| w.agent == KUBE_PROXY_UA).collect();
+    let watched: Vec<&Warm> = warm[..2]
+        .iter()
+        .chain(kube_proxy[1..].iter().copied())
+        .collect();
+    let events = std::thread::scope(|scope| {
+        let watches: Vec<_> = watched
+            .iter()
+            .map(|w| {
+                let path = w.path.replace("&limit=500", "") + "&watch=true&timeoutSeconds=1";
+                scope.spawn(move || -> Result<usize> {
+                    let resp = http_get(proxy, &path, w.agent)?;
+                    ensure!(resp.status == 200, "watch {path}: {}", resp.status);
+                    let events = resp.body.split(|b| *b == b'\n').filter(|l| !l.is_empty());
+                    let events = events.count();
+                    ensure!(events >= w.items, "watch {path}: {events} events");
+                    Ok(events)
+                })
+            })
+            .collect();
+        watches
+            .into_iter()
+            .map(|w| w.join().map_err(|_| anyhow!("a watch panicked"))?)
+            .sum::<Result<usize>>()
+    })?;
+    let mut shared = 0;
+    for w in &kube_proxy[1..] {
+        let resp = http_get(proxy, &w.path, w.agent)?;
+        ensure!(resp.status == 200, "relist {}: {}", w.path, resp.status);
+        ensure!(item_count(&resp)? == w.items, "relist {}", w.path);
+        shared += usize::from(resp.header("x-outpost-served-from") == Some("shared-cache"));
+    }
+    Ok((events, shared))
+}
+
+/// How many of `link/hot.order`'s functions the binary defines: few means the file is stale
+/// (another compiler, changed dependencies) and the idle RSS figures are the unordered layout's.
+fn hot_order_coverage(bin: &Path) -> String {
+    let Ok(order) = std::fs::read_to_string(HOT_ORDER) else {
+        return format!("{HOT_ORDER} is missing");
+    };
+    let wanted: Vec<&str> = order.lines().filter(|l| !l.starts_with('#')).collect();
+    let nm = Command::new("nm").arg("--defined-only").arg(bin).output();
+    let Some(nm) = nm.ok().filter(|out| out.status.success()) else {
+        return format!(
+            "hot functions: cannot read {}'s symbols with nm",
+            bin.display()
+        );
+    };
+    let defined: std::collections::HashSet<&str> = std::str::from_utf8(&nm.stdout)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    let found = wanted.iter().filter(|s| defined.contains(*s)).count();
+    format!(
+        "hot functions placed together: {found} of the {} in link/hot.order are in this binary",
+        wanted.len()
+    )
 }
 
 // ---- the full node ----------------------------------------------------------------------------
