@@ -265,6 +265,52 @@ async fn sigterm_stops_the_hub_cleanly() {
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
 }
 
+/// `kill -USR1`, which operators send yurthub for a dump, writes the hub's state to yurthub's
+/// file and leaves the hub serving (unhandled, SIGUSR1 ends a process).
+#[tokio::test]
+async fn sigusr1_dumps_the_state_where_yurthub_writes_its_stacks_and_the_hub_serves_on() {
+    let cluster = Cluster::start().await;
+    let mut hub = cluster.start_hub();
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.4").await;
+    assert_eq!(node.status, 200);
+    let dump = cluster
+        .dir
+        .path()
+        .join(format!("root/yurthub.{}.stacks.log", hub.pid()));
+    hub.signal("USR1");
+    let written = support::eventually(Duration::from_secs(5), || dump.is_file()).await;
+    assert!(written, "no {}; log:\n{}", dump.display(), hub.log_text());
+    // Written in one go after the file is created: wait for its last section.
+    let mut text = String::new();
+    let complete = support::eventually(Duration::from_secs(5), || {
+        text = std::fs::read_to_string(&dump).unwrap_or_default();
+        text.contains("== metrics")
+    })
+    .await;
+    assert!(complete, "{text}");
+    for needle in [
+        &format!("pid {}", hub.pid()),
+        "[+]",
+        "readyz check passed",
+        "tokio-r",
+        "alive tasks",
+        // The GET above, counted.
+        "outpost_requests_total",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in the dump:\n{text}");
+    }
+    assert!(!hub.exited(), "SIGUSR1 ended the hub");
+    let again = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.4").await;
+    assert_eq!(again.status, 200);
+    assert!(
+        hub.log_text().contains("state dumped"),
+        "{}",
+        hub.log_text()
+    );
+    let status = hub.terminate();
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+}
+
 /// Background work waiting on an apiserver that never answers (the serving certificate's
 /// names, probes, side data) must not hold a stopping hub: kubelet and operators expect a
 /// static pod to go within seconds, and the cache writes are drained by then.

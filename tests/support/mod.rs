@@ -157,6 +157,24 @@ impl HubProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Sends `signal` (`USR1`, `TERM`…) to the hub.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([format!("-{signal}"), self.pid().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill -{signal}");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_some()
+    }
+
     /// SIGTERM, then wait (bounded) for a clean exit; returns the exit status.
     pub fn terminate(self) -> std::process::ExitStatus {
         self.terminate_within(Duration::from_secs(10))
@@ -164,9 +182,7 @@ impl HubProcess {
 
     /// SIGTERM, then wait until the hub exits; panics (with its log) if that takes over `bound`.
     pub fn terminate_within(mut self, bound: Duration) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        self.signal("TERM");
         let deadline = Instant::now() + bound;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {

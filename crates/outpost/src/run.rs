@@ -172,7 +172,15 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
         };
         info!(node = %v.node_name, proxy = %hub.proxy_addr(), admin = %hub.admin_addr(), secure = %hub.secure_addr().map_or_else(|| "none".to_owned(), |a| a.to_string()), "ready to serve");
         match signals {
-            Some(mut signals) => info!(signal = signals.next().await, "shutting down"),
+            Some(mut signals) => loop {
+                match signals.next().await {
+                    Signal::DumpState => dump_state(&hub, &v.root_dir).await,
+                    Signal::Stop(name) => {
+                        info!(signal = name, "shutting down");
+                        break;
+                    }
+                }
+            },
             None => std::future::pending::<()>().await,
         }
         hub.shutdown().await;
@@ -180,10 +188,31 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
     })
 }
 
-/// SIGTERM and SIGINT, listened for from start-up on.
+/// Writes the hub's state where yurthub writes its stacks on SIGUSR1; one log line says where.
+async fn dump_state(hub: &Hub, root_dir: &Path) {
+    let path = outpost_proxy::dump::path(root_dir, std::process::id());
+    let text = hub.state_dump();
+    let written = async {
+        tokio::fs::create_dir_all(root_dir).await?;
+        tokio::fs::write(&path, text).await
+    };
+    match written.await {
+        Ok(()) => info!(path = %path.display(), "state dumped (SIGUSR1)"),
+        Err(e) => error!(path = %path.display(), error = %e, "cannot write the state dump"),
+    }
+}
+
+/// SIGTERM and SIGINT (stop), and SIGUSR1 (dump the state), listened for from start-up on.
+/// Unhandled, SIGUSR1 would end the process: operators send it to yurthub for a dump.
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+enum Signal {
+    Stop(&'static str),
+    DumpState,
 }
 
 impl Signals {
@@ -192,13 +221,15 @@ impl Signals {
         Ok(Signals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
+            usr1: signal(SignalKind::user_defined1())?,
         })
     }
 
-    async fn next(&mut self) -> &'static str {
+    async fn next(&mut self) -> Signal {
         tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.usr1.recv() => Signal::DumpState,
         }
     }
 }

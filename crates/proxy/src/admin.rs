@@ -421,6 +421,17 @@ impl Admin {
     }
 
     fn readyz(&self, verbose: bool) -> Response<ProxyBody> {
+        let (ready, out) = self.readiness_text(verbose);
+        let code = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        text(code, out)
+    }
+
+    /// Whether the hub is ready, and `/v1/readyz`'s body.
+    pub fn readiness_text(&self, verbose: bool) -> (bool, String) {
         let checks = self.readiness.reported(SystemTime::now());
         let ready = checks.iter().all(|(c, _)| c.ok);
         let mut out = String::new();
@@ -450,12 +461,7 @@ impl Admin {
         } else {
             "readyz check failed\n"
         });
-        let code = if ready {
-            StatusCode::OK
-        } else {
-            StatusCode::INTERNAL_SERVER_ERROR
-        };
-        text(code, out)
+        (ready, out)
     }
 }
 

@@ -19,7 +19,8 @@
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
 //! - [`hubcfg`]: the `yurt-hub-cfg` ConfigMap, watched live.
 //! - [`memory`]: freed memory given back to the kernel after bursts (glibc's `malloc_trim`).
-//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`, `/v1/token`, OTA.
+//! - [`admin`]: `/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`, `/v1/token`, OTA; [`dump`]:
+//!   the state dump of `kill -USR1`.
 //! - [`bootstrap`]: token mode — the hub's own client certificate, obtained, kept and renewed.
 //! - [`ota`]: yurthub's OTA endpoints for DaemonSet pods.
 //! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
@@ -30,6 +31,7 @@ pub mod bootstrap;
 pub mod callers;
 pub mod connections;
 mod csr;
+pub mod dump;
 pub mod edge;
 pub mod error;
 pub mod filtering;
@@ -146,6 +148,8 @@ pub struct Hub {
     tasks: Vec<(&'static str, JoinHandle<()>)>,
     /// Kept for shutdown: its edge cache's queued writes are finished before the hub stops.
     pipeline: Arc<pipeline::Pipeline>,
+    /// What [`Hub::state_dump`] reads.
+    admin: Arc<admin::Admin>,
 }
 
 /// How long a stopping hub waits for the cache writer to apply what was queued. Normally
@@ -416,9 +420,10 @@ impl Hub {
             move |req| pipeline.clone().handle(req, callers::Entry::Plain),
             shutdown_rx.clone(),
         ));
+        let served = admin.clone();
         let admin_task = tokio::spawn(server::serve(
             admin_listener,
-            move |req| admin.clone().handle(req),
+            move |req| served.clone().handle(req),
             shutdown_rx,
         ));
         info!(%proxy_addr, %admin_addr, secure = ?secure_addr, upstream = ?servers, "hub serving");
@@ -432,6 +437,7 @@ impl Hub {
                 tasks
             },
             pipeline: kept,
+            admin,
         })
     }
 
@@ -446,6 +452,11 @@ impl Hub {
     /// The secure port's address, when it is served.
     pub fn secure_addr(&self) -> Option<SocketAddr> {
         self.secure_addr
+    }
+
+    /// The hub's state as text, for `kill -USR1` ([`dump`]).
+    pub fn state_dump(&self) -> String {
+        dump::StateDump { admin: &self.admin }.render()
     }
 
     /// Stops accepting, lets open connections finish within the grace period, applies the
