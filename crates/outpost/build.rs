@@ -5,13 +5,13 @@
 //! 64 KiB windows around each page touched, and the few functions a hub runs were spread over
 //! nearly every window of the 13 MB of text, next to the demo's fake apiserver, the kube client
 //! and the CLI. Placed together they fit in about 3.4 MB, and the idle hub's RSS goes from
-//! 15.4 to 9.6–9.9 MiB (BENCHMARKS.md, "The hot code placed together").
+//! 15.4 to 9.7–10.0 MiB (BENCHMARKS.md, "The hot code placed together").
 //!
 //! Only where lld is known to be the linker: release builds for x86_64 Linux (GNU) with rustc
 //! 1.90 or later shipping its own lld (its default linker there; some distributions' rustc does
-//! not ship it), and no linker chosen by the user. A symbol the file
-//! names but the binary lacks (an older file, another compiler) is skipped without a word; the
-//! layout then falls back towards the default one, never to a failed link.
+//! not ship it), and no linker chosen by the user. A symbol the file names but the binary lacks
+//! (an older file, another compiler) is skipped without a word; the layout then falls back
+//! towards the default one, never to a failed link.
 //! `OUTPOST_LINK_ORDER=off` turns it off.
 
 use std::env;
@@ -23,7 +23,7 @@ const ORDER_FILE: &str = "link/hot.order";
 fn main() {
     println!("cargo:rerun-if-changed={ORDER_FILE}");
     println!("cargo:rerun-if-env-changed=OUTPOST_LINK_ORDER");
-    if !links_with_default_lld() || env::var("OUTPOST_LINK_ORDER").is_ok_and(|v| v == "off") {
+    if env::var("OUTPOST_LINK_ORDER").is_ok_and(|v| v == "off") || !links_with_default_lld() {
         return;
     }
     let dir = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");

@@ -113,7 +113,7 @@ fn main() -> Result<()> {
     std::thread::sleep(Duration::from_secs(2));
     let idle = hub.memory()?;
     println!("online, idle (2 s after ready):              {idle}");
-    // The first seconds' probes, heartbeats and watches still add a little (≈0.9 MiB of heap).
+    // The first seconds' probes, heartbeats and watches still add a little (≈0.8 MiB of heap).
     std::thread::sleep(IDLE_SETTLED - Duration::from_secs(2));
     let idle = hub.memory()?;
     println!("online, idle (20 s after ready):             {idle}");

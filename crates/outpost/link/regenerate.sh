@@ -4,7 +4,8 @@
 #
 # It runs the memory harness (examples/coldboot.rs: an edge hub online and idle, kubelet's and
 # kube-proxy's start-up lists, their watches and relists, the shared cache, offline cold boots, a
-# cloud-mode start) with every hub under callgrind, and keeps each function the profiles name that the binary defines.
+# cloud-mode start) with every hub under callgrind, and keeps each function the profiles name
+# that the binary defines.
 # Needs valgrind and nm; takes a few minutes. Run it after a change of compiler or dependencies
 # (their symbol names change), or when coldboot reports that few of the file's symbols are found.
 set -euo pipefail

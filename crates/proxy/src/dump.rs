@@ -4,44 +4,33 @@
 //! Async Rust tasks have no stacks to walk, so the dump holds what explains a stuck or slow hub
 //! instead: readiness with every check's detail, the process's threads and what each is doing,
 //! the async runtime's task counts, and every metric (requests in flight per component and
-//! resource, upstream health, open watches, cache state). Start at [`StateDump::render`].
+//! resource, upstream health, open watches, cache state). Start at [`render`].
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use crate::admin::Admin;
 
-/// What the dump reads; the admin server's view of the hub.
-pub struct StateDump<'a> {
-    pub admin: &'a Admin,
-}
-
-impl StateDump<'_> {
-    /// The whole dump, as text.
-    pub fn render(&self) -> String {
-        let now = SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let mut out = format!(
-            "outpost {} state dump, pid {}, {}\n\
-             Async Rust tasks have no stacks to dump; this is the hub's state.\n",
-            env!("CARGO_PKG_VERSION"),
-            std::process::id(),
-            outpost_core::time::rfc3339(now),
-        );
-        let (_, readiness) = self.admin.readiness_text(true);
-        section(&mut out, "readiness (/v1/readyz?verbose)", &readiness);
-        section(&mut out, "threads (/proc/self/task)", &threads());
-        section(&mut out, "async runtime", &runtime());
-        let metrics = self.admin.metrics.render();
-        section(
-            &mut out,
-            "metrics (/metrics)",
-            &String::from_utf8_lossy(&metrics),
-        );
-        out
-    }
+/// The whole dump, as text, from what the admin server reports.
+pub fn render(admin: &Admin) -> String {
+    let mut out = format!(
+        "outpost {} state dump, pid {}, {}\n\
+         Async Rust tasks have no stacks to dump; this is the hub's state.\n",
+        env!("CARGO_PKG_VERSION"),
+        std::process::id(),
+        crate::rfc3339_now(),
+    );
+    let (_, readiness) = admin.readiness_text(true);
+    section(&mut out, "readiness (/v1/readyz?verbose)", &readiness);
+    section(&mut out, "threads (/proc/self/task)", &threads());
+    section(&mut out, "async runtime", &runtime());
+    let metrics = admin.metrics.render();
+    section(
+        &mut out,
+        "metrics (/metrics)",
+        &String::from_utf8_lossy(&metrics),
+    );
+    out
 }
 
 /// Where the dump of process `pid` goes: yurthub's file name, so that collection scripts find it.

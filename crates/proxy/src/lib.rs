@@ -456,7 +456,7 @@ impl Hub {
 
     /// The hub's state as text, for `kill -USR1` ([`dump`]).
     pub fn state_dump(&self) -> String {
-        dump::StateDump { admin: &self.admin }.render()
+        dump::render(&self.admin)
     }
 
     /// Stops accepting, lets open connections finish within the grace period, applies the
@@ -573,6 +573,14 @@ fn bind_secure(addr: SocketAddr) -> Result<TcpListener, StartError> {
         tracing::warn!(%addr, "this host has no such address yet; the secure port answers once it is configured (the dummy interface)");
     }
     Ok(listener)
+}
+
+/// The clock's time as `metav1.Time` (`2026-11-23T19:44:21Z`).
+pub(crate) fn rfc3339_now() -> String {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    outpost_core::time::rfc3339(since_epoch)
 }
 
 fn local_addr(listener: &TcpListener, fallback: SocketAddr) -> SocketAddr {

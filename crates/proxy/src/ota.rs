@@ -13,7 +13,7 @@
 //! the cloud: offline they answer 503 and change nothing. Start at [`Ota::handle`].
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -175,7 +175,7 @@ impl Ota {
             "status": "False",
             "reason": WAIT_PULL_IMAGE,
             "message": revision,
-            "lastTransitionTime": rfc3339_now(),
+            "lastTransitionTime": crate::rfc3339_now(),
         }]}});
         let path = format!("{}/status", request.pod_path());
         let (code, body) = self.call(Method::PATCH, &path, Some(patch)).await?;
@@ -231,13 +231,6 @@ fn refused(doing: &str, request: &OtaRequest, code: StatusCode, body: &[u8]) -> 
             request.label()
         ),
     )
-}
-
-fn rfc3339_now() -> String {
-    let since_epoch = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    outpost_core::time::rfc3339(since_epoch)
 }
 
 #[cfg(test)]

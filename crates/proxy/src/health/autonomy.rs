@@ -54,10 +54,7 @@ pub fn updated_conditions(node: &Value, cache_failures: u32) -> Option<Vec<Value
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let now = outpost_core::time::rfc3339(since_epoch);
+    let now = crate::rfc3339_now();
     match conditions.iter_mut().find(|c| c["type"] == "Autonomy") {
         Some(c) if c["status"] == status && c["reason"] == reason && c["message"] == message => {
             None
