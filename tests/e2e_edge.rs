@@ -938,6 +938,61 @@ async fn admin_pods(admin: std::net::SocketAddr) -> Vec<String> {
 
 /// After a burst of work (here: kubelet listing 1,000 pods, parsed and written to the cache) the
 /// hub gives the memory the burst freed back to the kernel (glibc keeps it otherwise).
+/// `(name, nice)` of each thread of process `pid`, from `/proc/<pid>/task/*/stat`.
+fn threads_and_nice(pid: u32) -> Vec<(String, i32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the hub's /proc");
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+            // After the name: the state is field 3 of the file, the nice value field 19.
+            let nice = stat[close + 1..].split_whitespace().nth(16)?.parse().ok()?;
+            Some((stat[open + 1..close].to_owned(), nice))
+        })
+        .collect()
+}
+
+/// Caching is work behind the responses: the cache writer and sled's threads run at a lower
+/// CPU priority than the threads that answer clients, so that where they compete for a core
+/// (a relist, a burst of watch events) the proxy wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_threads_run_at_a_lower_cpu_priority_than_the_proxy() {
+    let cluster = cluster_with_pods(&["p1", "p2"]).await;
+    let hub = cluster.start_hub();
+    let list = kubelet_get(
+        &hub,
+        &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
+    )
+    .await;
+    assert_eq!(list.status, 200);
+    let cache_thread = |name: &str| {
+        ["outpost-cache-w", "sled-io", "log flusher"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+    };
+    let mut seen = Vec::new();
+    let settled = eventually(Duration::from_secs(10), || {
+        seen = threads_and_nice(hub.pid());
+        let cache: Vec<i32> = seen
+            .iter()
+            .filter(|(name, _)| cache_thread(name))
+            .map(|(_, nice)| *nice)
+            .collect();
+        seen.iter().any(|(name, _)| name.starts_with("sled-io"))
+            && seen.iter().any(|(name, _)| name == "outpost-cache-w")
+            && cache.iter().all(|nice| *nice == 10)
+    })
+    .await;
+    assert!(settled, "cache threads not at nice 10: {seen:?}");
+    let proxy: Vec<&(String, i32)> = seen
+        .iter()
+        .filter(|(name, _)| name.starts_with("tokio-rt"))
+        .collect();
+    assert!(!proxy.is_empty(), "{seen:?}");
+    assert!(proxy.iter().all(|(_, nice)| *nice == 0), "{seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_burst_the_hub_gives_freed_memory_back() {
     let cluster = Cluster::start().await;

@@ -35,7 +35,7 @@ pub use model::{
     ObjectKey, ReplaceOutcome, ResourceStats, ResourceVersion, Scope, ScopeId, VerifyReport,
     WriteOutcome,
 };
-pub use sled_store::{SledOptions, SledStore};
+pub use sled_store::{BACKGROUND_THREAD_PREFIXES, SledOptions, SledStore};
 
 /// The cache API the proxy programs against. Object-safe, so the proxy can hold an
 /// `Arc<dyn Store>` and tests can swap in a [`MemStore`].

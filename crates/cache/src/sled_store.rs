@@ -99,6 +99,12 @@ const LOCK_WAIT: Duration = Duration::from_secs(2);
 /// Entries per batch when copying into a compacted database.
 const COPY_BATCH: u64 = 1024;
 
+/// How sled 0.34 names the threads it writes on: its I/O pool (`sled-io-<n>`, started by the
+/// first store opened in the process) and each database's log flusher. Prefixes of
+/// `/proc/self/task/<tid>/comm`, for a caller that schedules the cache's background work (the
+/// proxy's writer lowers their CPU priority).
+pub const BACKGROUND_THREAD_PREFIXES: &[&str] = &["sled-io", "log flusher"];
+
 /// Tunables of a [`SledStore`]; `Default` is what the daemon should use.
 #[derive(Debug, Clone)]
 pub struct SledOptions {

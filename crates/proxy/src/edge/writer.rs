@@ -8,6 +8,9 @@
 //! on that response rather than slow the client down (see `tee`); what was queued is applied in
 //! the order it arrived, so a LIST always lands before the watch that follows it.
 //!
+//! The writer and sled's threads run at a lower CPU priority ([`BACKGROUND_NICE`]): where
+//! caching competes for a core with answering clients, answering wins.
+//!
 //! Nothing that does not parse is cached: a body that is not the expected JSON (a `Status`, a
 //! truncated stream, a protobuf body) is counted in `outpost_cache_writes_total{outcome="invalid"}`
 //! and dropped; the client already received it unchanged.
@@ -141,7 +144,10 @@ impl Writer {
         let applied = progress.clone();
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
-            .spawn(move || run(store.as_ref(), &rx, &thread_metrics, volatile, &applied))?;
+            .spawn(move || {
+                lower_background_priority();
+                run(store.as_ref(), &rx, &thread_metrics, volatile, &applied)
+            })?;
         Ok(Writer {
             tx,
             metrics,
@@ -179,6 +185,53 @@ impl Writer {
         }
         true
     }
+}
+
+/// The cache's background threads' nice value: the writer's and sled's (CFS weight 110 against
+/// 1,024 for the request path). Caching is work behind the responses; where it competes for a
+/// core with the proxy, the proxy should win. Lowered, not idle (`SCHED_IDLE`): on a node whose
+/// cores stay busy the writer still gets about a tenth of one, enough for a full node's relists
+/// (a few hundred ms of its CPU) to land within seconds, and its queue does not overflow.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Runs on the writer's thread before it takes any work: lowers its own priority, and that of
+/// sled's threads already running (its I/O pool starts with the first store the process opens,
+/// before the writer exists). sled threads started later by the writer's own calls inherit the
+/// writer's priority. Best effort: a system that refuses is logged once and the cache works on.
+fn lower_background_priority() {
+    use rustix::process::{Pid, setpriority_process};
+    if let Err(e) = setpriority_process(Some(rustix::thread::gettid()), BACKGROUND_NICE) {
+        warn!(error = %e, "cannot lower the cache writer's CPU priority");
+        return;
+    }
+    let mut lowered = 0;
+    for tid in threads_named(outpost_cache::BACKGROUND_THREAD_PREFIXES) {
+        if Pid::from_raw(tid)
+            .is_some_and(|pid| setpriority_process(Some(pid), BACKGROUND_NICE).is_ok())
+        {
+            lowered += 1;
+        }
+    }
+    debug!(
+        nice = BACKGROUND_NICE,
+        sled_threads = lowered,
+        "cache threads at background priority"
+    );
+}
+
+/// This process's threads whose name starts with one of `prefixes`.
+fn threads_named(prefixes: &[&str]) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| prefixes.iter().any(|p| comm.starts_with(p)))
+        })
+        .filter_map(|task| task.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 fn run(
@@ -831,6 +884,52 @@ mod tests {
         assert_eq!(gathered.lines, [&b"1"[..], &b"2"[..]]);
         assert_eq!(gathered.more_ops, 1);
         assert!(started.elapsed() < window);
+    }
+
+    /// A thread's nice value, from `/proc/self/task/<tid>/stat` (field 19); `None` once it ended.
+    fn nice_of(tid: i32) -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+        // Fields after the name (which may hold spaces) start with the state, field 3.
+        let after_name = &stat[stat.rfind(')')? + 1..];
+        after_name.split_whitespace().nth(16)?.parse().ok()
+    }
+
+    #[test]
+    fn the_writer_and_sleds_threads_run_at_background_priority() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = outpost_cache::SledStore::open(dir.path(), Default::default()).unwrap();
+        // A flushed write starts sled's I/O pool, as the cache's first writes do in the hub.
+        store
+            .put_object("kubelet", &pods(), br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"1","uid":"u"}}"#)
+            .unwrap();
+        let sled_threads = threads_named(outpost_cache::BACKGROUND_THREAD_PREFIXES);
+        assert!(!sled_threads.is_empty(), "sled runs threads of its own");
+        let writer = Writer::start(Arc::new(store), Metrics::new(), false).unwrap();
+        // Other tests start stores of their own meanwhile: only the sled threads seen before the
+        // writer started are checked, and one that ended since is skipped.
+        let lowered = |tids: &[i32]| {
+            tids.iter()
+                .all(|tid| nice_of(*tid).is_none_or(|nice| nice == BACKGROUND_NICE))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let writer_thread = threads_named(&["outpost-cache-w"])
+                .into_iter()
+                .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE));
+            if writer_thread && lowered(&sled_threads) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "writer lowered: {writer_thread}; sled threads: {:?}",
+                sled_threads
+                    .iter()
+                    .map(|t| (t, nice_of(*t)))
+                    .collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(writer);
     }
 
     #[test]
