@@ -76,6 +76,7 @@ impl Upstream {
             filters: None,
             pool_scope: Vec::new(),
             secure: None,
+            dummy_if: None,
             token_bootstrap: None,
         }
     }

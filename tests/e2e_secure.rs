@@ -622,3 +622,229 @@ async fn offline_a_caller_reads_only_its_own_cache_partition() {
     );
     assert!(hub.terminate().success());
 }
+
+/// yurthub's default `--dummy-if-ip`.
+const DUMMY_IP: &str = "169.254.2.1";
+
+/// A network namespace of the test's own (`ip netns add`), deleted on drop. Needs root and
+/// iproute2's `ip` (`.ci/run` installs it).
+struct NetNamespace(String);
+
+impl NetNamespace {
+    fn create(tag: &str) -> NetNamespace {
+        let ns = NetNamespace(format!("outpost-{tag}-{}", std::process::id()));
+        ip(&["netns", "add", &ns.0]);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Moves the calling thread into the namespace; the threads and processes it starts from
+    /// then on are in it too.
+    fn enter(&self) {
+        let file = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&file),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .expect("setns into the test's network namespace");
+    }
+
+    /// `(interface, address/prefix)` of every IPv4 address in the namespace.
+    fn addresses(&self) -> Vec<(String, String)> {
+        let links: serde_json::Value =
+            serde_json::from_str(&ip(&["-n", &self.0, "-j", "-4", "addr", "show"])).unwrap();
+        let mut found = Vec::new();
+        for link in links.as_array().unwrap() {
+            for addr in link["addr_info"].as_array().into_iter().flatten() {
+                found.push((
+                    link["ifname"].as_str().unwrap().to_owned(),
+                    format!("{}/{}", addr["local"].as_str().unwrap(), addr["prefixlen"]),
+                ));
+            }
+        }
+        found
+    }
+
+    fn has_link(&self, name: &str) -> bool {
+        let links: serde_json::Value =
+            serde_json::from_str(&ip(&["-n", &self.0, "-j", "link", "show"])).unwrap();
+        links
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["ifname"] == name)
+    }
+
+    fn has_address(&self, interface: &str) -> bool {
+        let wanted = (interface.to_owned(), format!("{DUMMY_IP}/32"));
+        self.addresses().contains(&wanted)
+    }
+}
+
+impl Drop for NetNamespace {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+fn ip(args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("iproute2's ip is installed (.ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// yurthub's default, `--enable-dummy-if`: the rewritten `default/kubernetes` sends pods to the
+/// dummy IP, and the hub makes that address the node's own (a dummy link, or `lo` on a kernel
+/// without them, as here), so an in-cluster client reaches the apiserver there. It is removed
+/// when the hub stops, unless it was there before; without `CAP_NET_ADMIN` the hub serves on.
+/// All of it in a network namespace of the test's own: the hub's address never reaches the
+/// host's network.
+#[test]
+fn in_cluster_clients_reach_the_hub_on_the_dummy_interface() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: a network namespace of the test's own needs root");
+        return;
+    }
+    let ns = NetNamespace::create("dummy-if");
+    std::thread::scope(|scope| {
+        let scenario = scope.spawn(|| {
+            ns.enter();
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(dummy_interface_scenario(&ns));
+        });
+        if let Err(panic) = scenario.join() {
+            std::panic::resume_unwind(panic);
+        }
+    });
+}
+
+async fn dummy_interface_scenario(ns: &NetNamespace) {
+    let cluster = Cluster::start().await;
+    let ca = cluster.fake.pki().ca_pem.clone();
+    let args: Vec<String> = cluster
+        .hub_args()
+        .into_iter()
+        .map(|a| match a.as_str() {
+            "--enable-dummy-if=false" => "--enable-dummy-if=true".to_owned(),
+            _ => a,
+        })
+        .collect();
+    let hub = cluster.start_hub_with(&args);
+    assert_eq!(hub.secure.ip().to_string(), DUMMY_IP);
+    let holder = if ns.has_link("hub-dummy0") {
+        "hub-dummy0"
+    } else {
+        "lo"
+    };
+    assert!(ns.has_address(holder), "{:?}", ns.addresses());
+    let ready = format!("outpost_dummy_interface_ready{{interface=\"{holder}\"}}");
+    let metrics = support::metrics_text(&hub).await;
+    assert_eq!(support::sample(&metrics, &ready), Some(1.0), "{metrics}");
+
+    // kubelet's Services show `default/kubernetes` at the dummy IP (masterservice); a pod's
+    // client follows it to the apiserver.
+    let resp = support::get(hub.proxy, "/api/v1/services", "kubelet/v1.32.4").await;
+    assert_eq!(resp.status, 200);
+    let services = resp.json();
+    let service = services["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["metadata"]["namespace"] == "default" && s["metadata"]["name"] == "kubernetes")
+        .unwrap();
+    let target: SocketAddr = format!(
+        "{}:{}",
+        service["spec"]["clusterIP"].as_str().unwrap(),
+        service["spec"]["ports"][0]["port"]
+    )
+    .parse()
+    .unwrap();
+    assert_eq!(target, hub.secure);
+    until_certified(&hub, &ca).await;
+    let listed = https_get(
+        target,
+        &ca,
+        "/api/v1/namespaces/default/services",
+        COREDNS,
+        Some(ADMIN_TOKEN),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        listed.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&listed.body)
+    );
+    assert!(names(&listed.json()).contains(&"default/kubernetes".to_owned()));
+
+    assert!(hub.terminate().success());
+    assert!(
+        !ns.has_address(holder),
+        "removed at stop: {:?}",
+        ns.addresses()
+    );
+    assert!(!ns.has_link("hub-dummy0"));
+
+    // An address an operator put there before the hub started stays when it stops.
+    ip(&[
+        "-n",
+        &ns.0,
+        "addr",
+        "add",
+        &format!("{DUMMY_IP}/32"),
+        "dev",
+        "lo",
+    ]);
+    let hub = cluster.start_hub_with(&args);
+    let metrics = support::metrics_text(&hub).await;
+    assert!(
+        metrics.contains("outpost_dummy_interface_ready{interface="),
+        "{metrics}"
+    );
+    assert!(hub.terminate().success());
+    assert!(ns.has_address("lo"), "{:?}", ns.addresses());
+    ip(&[
+        "-n",
+        &ns.0,
+        "addr",
+        "del",
+        &format!("{DUMMY_IP}/32"),
+        "dev",
+        "lo",
+    ]);
+
+    // Without CAP_NET_ADMIN nothing can be configured: yurthub exits, the hub says so and serves.
+    let unprivileged = [
+        "setpriv",
+        "--bounding-set=-net_admin",
+        "--inh-caps=-net_admin",
+    ];
+    let hub = HubProcess::spawn_wrapped(&unprivileged, &args);
+    let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.4").await;
+    assert_eq!(node.status, 200);
+    let metrics = support::metrics_text(&hub).await;
+    let not_ready = "outpost_dummy_interface_ready{interface=\"hub-dummy0\"}";
+    assert_eq!(support::sample(&metrics, not_ready), Some(0.0), "{metrics}");
+    assert!(
+        hub.log_text()
+            .contains("cannot configure the dummy interface"),
+        "{}",
+        hub.log_text()
+    );
+    assert!(ns.addresses().iter().all(|(_, a)| !a.starts_with(DUMMY_IP)));
+    assert!(hub.terminate().success());
+}

@@ -110,7 +110,21 @@ pub struct HubProcess {
 
 impl HubProcess {
     pub fn spawn(args: &[String]) -> HubProcess {
-        let mut child = Command::new(outpost_bin())
+        Self::spawn_wrapped(&[], args)
+    }
+
+    /// The binary run by `wrapper` (a command that execs its arguments, such as `setpriv …`),
+    /// so that the hub keeps the wrapper's pid.
+    pub fn spawn_wrapped(wrapper: &[&str], args: &[String]) -> HubProcess {
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut c = Command::new(program);
+                c.args(wrapper_args).arg(outpost_bin());
+                c
+            }
+            None => Command::new(outpost_bin()),
+        };
+        let mut child = command
             .args(args)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())

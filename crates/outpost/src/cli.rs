@@ -12,6 +12,7 @@ use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
 use outpost_proxy::bootstrap::{IdentityFiles, TokenBootstrap};
+use outpost_proxy::dummy_if::DummyIfConfig;
 use outpost_proxy::filtering::FilterSettings;
 use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
@@ -226,9 +227,11 @@ pub struct HubFlags {
     /// How requests are spread over several servers.
     #[arg(long, value_enum, default_value = "rr")]
     pub lb_mode: LbModeFlag,
-    /// Whether the hub answers on the dummy interface's IP: rewritten Services and the secure
-    /// port use `--dummy-if-ip` when true, `--bind-proxy-address` when false (the interface is not
-    /// created yet: the secure port binds the address anyway and answers once it exists).
+    /// Whether the hub answers in-cluster clients on the dummy interface's IP: when true it keeps
+    /// `--dummy-if-name` (a dummy link, or `lo` on a kernel without them) holding `--dummy-if-ip`,
+    /// checked every minute and removed at exit (needs CAP_NET_ADMIN; without it the hub says so
+    /// and serves on), and rewritten Services and the secure port use that IP; when false they use
+    /// `--bind-proxy-address`.
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub enable_dummy_if: bool,
@@ -261,8 +264,7 @@ pub struct HubFlags {
     /// named anyway). Empty means none.
     #[arg(long)]
     pub node_ip: Option<String>,
-    /// Name of the dummy interface, at most 15 characters. Outpost does not create the interface
-    /// (see `--enable-dummy-if`); the name is checked as yurthub checks it.
+    /// Name of the dummy interface (see `--enable-dummy-if`), at most 15 characters.
     #[arg(long, default_value = "hub-dummy0")]
     pub dummy_if_name: String,
     /// Pool topology (servicetopology's `openyurt.io/nodepool` keys) from NodeBuckets labelled
@@ -375,6 +377,8 @@ pub struct ValidatedHub {
     pub node_ip: Option<IpAddr>,
     /// `--pool-scope-resources`.
     pub pool_scope: Vec<PoolScopeResource>,
+    /// `--enable-dummy-if`: the interface to keep, holding `--dummy-if-ip`.
+    pub dummy_if: Option<DummyIfConfig>,
 }
 
 impl HubFlags {
@@ -450,6 +454,10 @@ impl HubFlags {
             min_request_timeout: self.min_request_timeout,
             node_ip,
             pool_scope,
+            dummy_if: self.enable_dummy_if.then(|| DummyIfConfig {
+                name: self.dummy_if_name.clone(),
+                ip: dummy_if_ip,
+            }),
         })
     }
 }

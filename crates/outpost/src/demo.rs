@@ -105,6 +105,7 @@ async fn run() -> Result<()> {
         filters: None,
         pool_scope: Vec::new(),
         secure: None,
+        dummy_if: None,
         token_bootstrap: None,
     })
     .await?;

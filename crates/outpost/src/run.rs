@@ -80,6 +80,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             tokens_file: Some(v.root_dir.join("verified-tokens")),
             node_ip: v.node_ip,
         }),
+        dummy_if: v.dummy_if.clone(),
         token_bootstrap: match &v.identity {
             IdentitySource::Token(bootstrap) => Some(bootstrap.clone()),
             IdentitySource::Files(_) => None,

@@ -13,7 +13,8 @@
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection.
 //! - [`callers`]: the plain and secure entries, and the tokens the cache may answer offline.
-//! - [`serving_cert`]: the secure port's certificate, requested from the cluster by CSR.
+//! - [`serving_cert`]: the secure port's certificate, requested from the cluster by CSR;
+//!   [`dummy_if`]: the node-local address it listens on (yurthub's `hub-dummy0`).
 //! - [`filtering`]: yurthub's response filters in the pipeline, and the side data they read.
 //! - [`multiplexer`]: the pool-scope shared cache (Services, EndpointSlices) all callers read.
 //! - [`reflector`]: list + watch of the objects the hub keeps for itself (Services, NodePools).
@@ -31,6 +32,7 @@ pub mod bootstrap;
 pub mod callers;
 pub mod connections;
 mod csr;
+pub mod dummy_if;
 pub mod dump;
 pub mod edge;
 pub mod error;
@@ -86,6 +88,9 @@ pub struct HubConfig {
     pub pool_scope: Vec<multiplexer::PoolScopeResource>,
     /// The HTTPS port for in-cluster clients; `None` serves none.
     pub secure: Option<SecureConfig>,
+    /// `--enable-dummy-if`: the interface holding the address in-cluster clients are pointed at
+    /// (the secure port's); `None` configures nothing.
+    pub dummy_if: Option<dummy_if::DummyIfConfig>,
     /// Token mode: the client certificate is the hub's own, renewed in place
     /// ([`bootstrap::renew_client_certificate`]) and re-bootstrapped by `/v1/token`; `None` when
     /// it is kubelet's.
@@ -150,6 +155,8 @@ pub struct Hub {
     pipeline: Arc<pipeline::Pipeline>,
     /// What [`Hub::state_dump`] reads.
     admin: Arc<admin::Admin>,
+    /// Removed at shutdown, after the listeners closed their connections.
+    dummy_if: Option<Arc<dummy_if::DummyInterface>>,
 }
 
 /// How long a stopping hub waits for the cache writer to apply what was queued. Normally
@@ -163,6 +170,19 @@ const TASK_SLACK: Duration = Duration::from_secs(1);
 impl Hub {
     /// Binds the proxy, admin and secure listeners and starts serving on them.
     pub async fn start(config: HubConfig) -> Result<Hub, StartError> {
+        let metrics = Metrics::new();
+        // Before the secure port binds its address: in-cluster clients are sent there.
+        let dummy_if = match config.dummy_if.clone() {
+            Some(c) => {
+                let iface = Arc::new(dummy_if::DummyInterface::new(
+                    c,
+                    metrics.dummy_if_ready.clone(),
+                ));
+                iface.ensure().await;
+                Some(iface)
+            }
+            None => None,
+        };
         let proxy_listener = bind(config.proxy_addr, "proxy").await?;
         let admin_listener = bind(config.admin_addr, "admin").await?;
         let secure_listener = match &config.secure {
@@ -176,7 +196,6 @@ impl Hub {
             .zip(config.secure.as_ref())
             .map(|(l, c)| local_addr(l, c.addr));
 
-        let metrics = Metrics::new();
         metrics.record_client_certificate(&config.upstream.tls.identity);
         let servers: Vec<String> = config.upstream.servers.iter().map(Server::label).collect();
         let initially_healthy = config
@@ -324,6 +343,12 @@ impl Hub {
             )
         });
         readiness.config = Some(cfg_watch.sync_state());
+        if let Some(iface) = &dummy_if {
+            tasks.push((
+                "dummy interface",
+                tokio::spawn(dummy_if::maintain(iface.clone(), shutdown_rx.clone())),
+            ));
+        }
         tasks.push((
             "memory trim",
             tokio::spawn(memory::trim_after_bursts(
@@ -438,6 +463,7 @@ impl Hub {
             },
             pipeline: kept,
             admin,
+            dummy_if,
         })
     }
 
@@ -459,13 +485,16 @@ impl Hub {
         dump::render(&self.admin)
     }
 
-    /// Stops accepting, lets open connections finish within the grace period, applies the
-    /// cache writes they left queued (bounded by `SHUTDOWN_DRAIN`, 5 s), and returns. A background
+    /// Stops accepting, lets open connections finish within the grace period, removes the dummy
+    /// interface ([`dummy_if`]), applies the cache writes they left queued (bounded by `SHUTDOWN_DRAIN`, 5 s), and returns. A background
     /// task still busy after the grace period (an apiserver call that hangs) is aborted, so a
     /// stopping hub never waits on the cloud.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         join_or_abort(self.tasks, server::SHUTDOWN_GRACE + TASK_SLACK).await;
+        if let Some(iface) = &self.dummy_if {
+            iface.remove().await;
+        }
         if let Some(edge) = &self.pipeline.edge {
             edge.finish_writes(SHUTDOWN_DRAIN).await;
         }

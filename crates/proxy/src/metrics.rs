@@ -51,6 +51,8 @@ pub struct Metrics {
     /// Trims that gave memory freed by a burst back to the kernel, and how much they gave.
     pub memory_trims: IntCounter,
     pub memory_trimmed_bytes: IntCounter,
+    /// `--enable-dummy-if`: 1 while the dummy IP is an address of the node, by interface.
+    pub dummy_if_ready: IntGaugeVec,
 }
 
 impl Metrics {
@@ -223,6 +225,15 @@ impl Metrics {
             "Anonymous resident memory those trims gave back to the kernel.",
         )
         .expect("valid metric definition");
+        let dummy_if_ready = IntGaugeVec::new(
+            Opts::new(
+                "outpost_dummy_interface_ready",
+                "1 while --dummy-if-ip is an address of the node (on --dummy-if-name, or on lo when \
+                 the kernel has no dummy interfaces), 0 while it cannot be configured.",
+            ),
+            &["interface"],
+        )
+        .expect("valid metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(in_flight.clone()),
@@ -246,6 +257,7 @@ impl Metrics {
             Box::new(filtered.clone()),
             Box::new(memory_trims.clone()),
             Box::new(memory_trimmed_bytes.clone()),
+            Box::new(dummy_if_ready.clone()),
         ] {
             registry.register(c).expect("metric names are unique");
         }
@@ -281,6 +293,7 @@ impl Metrics {
             filtered,
             memory_trims,
             memory_trimmed_bytes,
+            dummy_if_ready,
         }
     }
 

@@ -25,6 +25,7 @@ pub fn hub_config(upstream: &str, tls: UpstreamTls, edge: Option<EdgeConfig>) ->
         filters: None,
         pool_scope: Vec::new(),
         secure: None,
+        dummy_if: None,
         token_bootstrap: None,
     }
 }
