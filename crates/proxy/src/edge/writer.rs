@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -137,6 +137,16 @@ impl Writer {
         metrics: Metrics,
         volatile: bool,
     ) -> std::io::Result<Writer> {
+        Self::start_checking_every(store, metrics, volatile, PRIORITY_CHECK)
+    }
+
+    /// [`Writer::start`], looking for sled threads to lower every `check_every`.
+    fn start_checking_every(
+        store: Arc<dyn Store>,
+        metrics: Metrics,
+        volatile: bool,
+        check_every: Duration,
+    ) -> std::io::Result<Writer> {
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
         let thread_metrics = metrics.clone();
         thread_metrics.cache_degraded.set(i64::from(volatile));
@@ -145,8 +155,15 @@ impl Writer {
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
             .spawn(move || {
-                lower_background_priority();
-                run(store.as_ref(), &rx, &thread_metrics, volatile, &applied)
+                let mut priority = Priority::lower(check_every);
+                run(
+                    store.as_ref(),
+                    &rx,
+                    &thread_metrics,
+                    volatile,
+                    &applied,
+                    &mut priority,
+                )
             })?;
         Ok(Writer {
             tx,
@@ -194,29 +211,62 @@ impl Writer {
 /// (a few hundred ms of its CPU) to land within seconds, and its queue does not overflow.
 pub const BACKGROUND_NICE: i32 = 10;
 
-/// Runs on the writer's thread before it takes any work: lowers its own priority, and that of
-/// sled's threads already running (its I/O pool starts with the first store the process opens,
-/// before the writer exists). sled threads started later by the writer's own calls inherit the
-/// writer's priority. Best effort: a system that refuses is logged once and the cache works on.
-fn lower_background_priority() {
-    use rustix::process::{Pid, setpriority_process};
-    if let Err(e) = setpriority_process(Some(rustix::thread::gettid()), BACKGROUND_NICE) {
-        warn!(error = %e, "cannot lower the cache writer's CPU priority");
-        return;
+/// How often the writer looks for sled threads that run at normal priority.
+const PRIORITY_CHECK: Duration = Duration::from_secs(5);
+
+/// The cache threads' CPU priority, kept by the writer thread.
+struct Priority {
+    check_every: Duration,
+    checked: Instant,
+    /// The writer's own priority could be lowered (a system may refuse; the cache works on).
+    lowered: bool,
+}
+
+impl Priority {
+    /// Lowers the calling thread's (the writer's) priority and that of sled's threads.
+    fn lower(check_every: Duration) -> Priority {
+        let me = rustix::thread::gettid();
+        let lowered = match rustix::process::setpriority_process(Some(me), BACKGROUND_NICE) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(error = %e, "cannot lower the cache writer's CPU priority");
+                false
+            }
+        };
+        let mut priority = Priority {
+            check_every,
+            checked: Instant::now(),
+            lowered,
+        };
+        let sled_threads = priority.lower_sled_threads();
+        debug!(
+            nice = BACKGROUND_NICE,
+            sled_threads, "cache threads at background priority"
+        );
+        priority
     }
-    let mut lowered = 0;
-    for tid in threads_named(outpost_cache::BACKGROUND_THREAD_PREFIXES) {
-        if Pid::from_raw(tid)
-            .is_some_and(|pid| setpriority_process(Some(pid), BACKGROUND_NICE).is_ok())
-        {
-            lowered += 1;
+
+    /// sled starts its I/O pool, and more threads in a burst, from whichever thread writes first
+    /// (a reflector saving its copy, the hub's configuration, not only the writer), and a new
+    /// thread takes its creator's priority: they are looked for again every `check_every`.
+    fn check(&mut self) {
+        if self.checked.elapsed() >= self.check_every {
+            self.lower_sled_threads();
         }
     }
-    debug!(
-        nice = BACKGROUND_NICE,
-        sled_threads = lowered,
-        "cache threads at background priority"
-    );
+
+    fn lower_sled_threads(&mut self) -> usize {
+        use rustix::process::{Pid, setpriority_process};
+        self.checked = Instant::now();
+        if !self.lowered {
+            return 0;
+        }
+        threads_named(outpost_cache::BACKGROUND_THREAD_PREFIXES)
+            .into_iter()
+            .filter_map(Pid::from_raw)
+            .filter(|pid| setpriority_process(Some(*pid), BACKGROUND_NICE).is_ok())
+            .count()
+    }
 }
 
 /// This process's threads whose name starts with one of `prefixes`.
@@ -240,10 +290,20 @@ fn run(
     metrics: &Metrics,
     volatile: bool,
     progress: &Progress,
+    priority: &mut Priority,
 ) {
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
     let mut next = None;
-    while let Some(mut op) = next.take().or_else(|| rx.recv().ok().map(|op| *op)) {
+    loop {
+        priority.check();
+        let mut op = match next.take() {
+            Some(op) => op,
+            None => match rx.recv_timeout(priority.check_every) {
+                Ok(op) => *op,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            },
+        };
         let mut ops = 1;
         if let CacheOp::Events { scope, lines } = &mut op {
             let gathered = gather_events(rx, scope, std::mem::take(lines), GROUP_WINDOW);
@@ -929,6 +989,52 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+        drop(writer);
+    }
+
+    #[test]
+    fn a_sled_thread_started_later_at_normal_priority_is_lowered_too() {
+        let writer = Writer::start_checking_every(
+            Arc::new(MemStore::new()),
+            Metrics::new(),
+            false,
+            Duration::from_millis(20),
+        )
+        .unwrap();
+        // Past the writer's first look at the threads (right after it lowered itself).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !threads_named(&["outpost-cache-w"])
+            .into_iter()
+            .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE))
+        {
+            assert!(Instant::now() < deadline, "the writer never lowered itself");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        // As sled starts its I/O pool from whichever thread writes first: this test's, at nice 0.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let late = std::thread::Builder::new()
+            .name("sled-io-late".into())
+            .spawn(move || {
+                tid_tx
+                    .send(rustix::thread::gettid().as_raw_nonzero().get())
+                    .unwrap();
+                let _ = done_rx.recv();
+            })
+            .unwrap();
+        let tid = tid_rx.recv().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while nice_of(tid) != Some(BACKGROUND_NICE) {
+            assert!(
+                Instant::now() < deadline,
+                "never lowered: {:?}",
+                nice_of(tid)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        done_tx.send(()).unwrap();
+        late.join().unwrap();
         drop(writer);
     }
 
