@@ -946,6 +946,22 @@ mod tests {
         assert!(started.elapsed() < window);
     }
 
+    /// Polls `done` every 5 ms; panics with `what` if it is still false after 5 s.
+    fn wait_until(what: impl Fn() -> String, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "{}", what());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Whether a cache writer thread (this test's, or another's running beside it) is lowered.
+    fn a_writer_is_lowered() -> bool {
+        threads_named(&["outpost-cache-w"])
+            .into_iter()
+            .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE))
+    }
+
     /// A thread's nice value, from `/proc/self/task/<tid>/stat` (field 19); `None` once it ended.
     fn nice_of(tid: i32) -> Option<i32> {
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
@@ -971,24 +987,16 @@ mod tests {
             tids.iter()
                 .all(|tid| nice_of(*tid).is_none_or(|nice| nice == BACKGROUND_NICE))
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let writer_thread = threads_named(&["outpost-cache-w"])
-                .into_iter()
-                .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE));
-            if writer_thread && lowered(&sled_threads) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "writer lowered: {writer_thread}; sled threads: {:?}",
-                sled_threads
-                    .iter()
-                    .map(|t| (t, nice_of(*t)))
-                    .collect::<Vec<_>>()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            || {
+                let niceness: Vec<_> = sled_threads.iter().map(|t| (t, nice_of(*t))).collect();
+                format!(
+                    "writer lowered: {}; sled threads: {niceness:?}",
+                    a_writer_is_lowered()
+                )
+            },
+            || a_writer_is_lowered() && lowered(&sled_threads),
+        );
         drop(writer);
     }
 
@@ -1002,14 +1010,10 @@ mod tests {
         )
         .unwrap();
         // Past the writer's first look at the threads (right after it lowered itself).
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !threads_named(&["outpost-cache-w"])
-            .into_iter()
-            .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE))
-        {
-            assert!(Instant::now() < deadline, "the writer never lowered itself");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until(
+            || "the writer never lowered itself".into(),
+            a_writer_is_lowered,
+        );
         std::thread::sleep(Duration::from_millis(100));
         // As sled starts its I/O pool from whichever thread writes first: this test's, at nice 0.
         let (tid_tx, tid_rx) = std::sync::mpsc::channel();
@@ -1024,15 +1028,10 @@ mod tests {
             })
             .unwrap();
         let tid = tid_rx.recv().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while nice_of(tid) != Some(BACKGROUND_NICE) {
-            assert!(
-                Instant::now() < deadline,
-                "never lowered: {:?}",
-                nice_of(tid)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(
+            || format!("never lowered: {:?}", nice_of(tid)),
+            || nice_of(tid) == Some(BACKGROUND_NICE),
+        );
         done_tx.send(()).unwrap();
         late.join().unwrap();
         drop(writer);
