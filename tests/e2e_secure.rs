@@ -161,6 +161,32 @@ fn secure_kubeconfig(dir: &Path, hub: &HubProcess, ca_pem: &str, token: &str) ->
     path
 }
 
+/// Where `default/kubernetes` sends pods, as kubelet's Service list through the hub shows it
+/// (rewritten by masterservice): kubelet hands it to them as KUBERNETES_SERVICE_HOST/PORT.
+async fn kubernetes_service_as_kubelet_sees_it(hub: &HubProcess) -> SocketAddr {
+    let resp = support::get(
+        hub.proxy,
+        "/api/v1/services",
+        "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e",
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+    let services = resp.json();
+    let service = services["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["metadata"]["namespace"] == "default" && s["metadata"]["name"] == "kubernetes")
+        .unwrap();
+    format!(
+        "{}:{}",
+        service["spec"]["clusterIP"].as_str().unwrap(),
+        service["spec"]["ports"][0]["port"]
+    )
+    .parse()
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_cluster_clients_reach_the_apiserver_with_their_own_tokens() {
     let cluster = Cluster::start().await;
@@ -410,24 +436,9 @@ async fn a_python_in_cluster_client_follows_the_rewritten_service_to_the_secure_
 
     // kubelet's Service informer sees `default/kubernetes` rewritten (masterservice) and kubelet
     // hands it to pods as KUBERNETES_SERVICE_HOST/PORT.
-    let resp = support::get(
-        hub.proxy,
-        "/api/v1/services",
-        "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e",
-    )
-    .await;
-    assert_eq!(resp.status, 200);
-    let services = resp.json();
-    let service = services["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["metadata"]["namespace"] == "default" && s["metadata"]["name"] == "kubernetes")
-        .unwrap()
-        .clone();
-    let host = service["spec"]["clusterIP"].as_str().unwrap().to_owned();
-    let port = service["spec"]["ports"][0]["port"].to_string();
-    assert_eq!(format!("{host}:{port}"), hub.secure.to_string());
+    let target = kubernetes_service_as_kubelet_sees_it(&hub).await;
+    assert_eq!(target, hub.secure);
+    let (host, port) = (target.ip().to_string(), target.port().to_string());
 
     // The pod's service-account token and the cluster CA, as mounted in the pod.
     let token = "coredns-service-account-token";
@@ -756,22 +767,7 @@ async fn dummy_interface_scenario(ns: &NetNamespace) {
 
     // kubelet's Services show `default/kubernetes` at the dummy IP (masterservice); a pod's
     // client follows it to the apiserver.
-    let resp = support::get(hub.proxy, "/api/v1/services", "kubelet/v1.32.4").await;
-    assert_eq!(resp.status, 200);
-    let services = resp.json();
-    let service = services["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["metadata"]["namespace"] == "default" && s["metadata"]["name"] == "kubernetes")
-        .unwrap();
-    let target: SocketAddr = format!(
-        "{}:{}",
-        service["spec"]["clusterIP"].as_str().unwrap(),
-        service["spec"]["ports"][0]["port"]
-    )
-    .parse()
-    .unwrap();
+    let target = kubernetes_service_as_kubelet_sees_it(&hub).await;
     assert_eq!(target, hub.secure);
     until_certified(&hub, &ca).await;
     let listed = https_get(
