@@ -170,8 +170,11 @@ const TASK_SLACK: Duration = Duration::from_secs(1);
 impl Hub {
     /// Binds the proxy, admin and secure listeners and starts serving on them.
     pub async fn start(config: HubConfig) -> Result<Hub, StartError> {
+        let proxy_listener = bind(config.proxy_addr, "proxy").await?;
+        let admin_listener = bind(config.admin_addr, "admin").await?;
         let metrics = Metrics::new();
-        // Before the secure port binds its address: in-cluster clients are sent there.
+        // Once the ports are the hub's (a busy one ends the start-up), and before the secure
+        // port binds its address: in-cluster clients are sent there.
         let dummy_if = match config.dummy_if.clone() {
             Some(c) => {
                 let iface = Arc::new(dummy_if::DummyInterface::new(
@@ -183,8 +186,6 @@ impl Hub {
             }
             None => None,
         };
-        let proxy_listener = bind(config.proxy_addr, "proxy").await?;
-        let admin_listener = bind(config.admin_addr, "admin").await?;
         let secure_listener = match &config.secure {
             Some(secure) => Some(bind_secure(secure.addr)?),
             None => None,
@@ -486,9 +487,9 @@ impl Hub {
     }
 
     /// Stops accepting, lets open connections finish within the grace period, removes the dummy
-    /// interface ([`dummy_if`]), applies the cache writes they left queued (bounded by `SHUTDOWN_DRAIN`, 5 s), and returns. A background
-    /// task still busy after the grace period (an apiserver call that hangs) is aborted, so a
-    /// stopping hub never waits on the cloud.
+    /// interface ([`dummy_if`]), applies the cache writes they left queued (bounded by
+    /// `SHUTDOWN_DRAIN`, 5 s), and returns. A background task still busy after the grace period
+    /// (an apiserver call that hangs) is aborted, so a stopping hub never waits on the cloud.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         join_or_abort(self.tasks, server::SHUTDOWN_GRACE + TASK_SLACK).await;
