@@ -76,39 +76,27 @@ impl DummyInterface {
 
     /// Makes sure the address is the node's; logs and counts the outcome when it changed.
     pub async fn ensure(&self) -> Option<Placement> {
-        let outcome = match connect() {
-            Ok((handle, connection)) => {
-                let placed = self.place(&handle).await;
-                connection.abort();
-                placed
-            }
-            Err(e) => Err(e),
-        };
-        self.record(outcome)
+        self.record(with_netlink(async |handle| self.place(handle).await).await)
     }
 
     /// Removes what the hub configured: the dummy link (yurthub deletes it at stop), or the
     /// address on `lo` if the hub added it.
     pub async fn remove(&self) {
-        let owns_loopback_address = self.lock().owns_loopback_address;
-        let removed = match connect() {
-            Ok((handle, connection)) => {
-                let removed = if owns_loopback_address {
-                    remove_address(&handle, LOOPBACK, self.config.ip).await
-                } else {
-                    remove_link(&handle, &self.config.name).await
-                };
-                connection.abort();
-                removed
+        let on_loopback = self.lock().owns_loopback_address;
+        let DummyIfConfig { name, ip } = &self.config;
+        let removed = with_netlink(async |handle| {
+            if on_loopback {
+                remove_address(handle, LOOPBACK, *ip).await
+            } else {
+                remove_link(handle, name).await
             }
-            Err(e) => Err(e),
-        };
-        let name = self.interface_name(owns_loopback_address);
+        })
+        .await;
+        let interface = self.interface_name(on_loopback);
         match removed {
-            Ok(()) => info!(interface = name, ip = %self.config.ip, "dummy interface removed"),
-            Err(e) => {
-                warn!(interface = name, ip = %self.config.ip, error = %e, "cannot remove the dummy interface")
-            }
+            Ok(true) => info!(interface, %ip, "dummy interface removed"),
+            Ok(false) => {}
+            Err(e) => warn!(interface, %ip, error = %e, "cannot remove the dummy interface"),
         }
     }
 
@@ -210,10 +198,13 @@ pub async fn maintain(iface: std::sync::Arc<DummyInterface>, mut shutdown: watch
     }
 }
 
-/// A netlink handle and the task that drives its socket (aborted when the caller is done).
-fn connect() -> io::Result<(Handle, tokio::task::JoinHandle<()>)> {
+/// Runs `work` over a netlink connection of its own, closed when it is done.
+async fn with_netlink<T>(work: impl AsyncFnOnce(&Handle) -> io::Result<T>) -> io::Result<T> {
     let (connection, handle, _) = rtnetlink::new_connection()?;
-    Ok((handle, tokio::spawn(connection)))
+    let connection = tokio::spawn(connection);
+    let result = work(&handle).await;
+    connection.abort();
+    result
 }
 
 async fn link_index(handle: &Handle, name: &str) -> io::Result<Option<u32>> {
@@ -239,9 +230,10 @@ async fn add_address(handle: &Handle, index: u32, ip: IpAddr) -> io::Result<bool
     }
 }
 
-async fn remove_address(handle: &Handle, link: &str, ip: IpAddr) -> io::Result<()> {
+/// Removes `ip` from `link`; `false` when it was not there.
+async fn remove_address(handle: &Handle, link: &str, ip: IpAddr) -> io::Result<bool> {
     let Some(index) = link_index(handle, link).await? else {
-        return Ok(());
+        return Ok(false);
     };
     let found = handle
         .address()
@@ -253,17 +245,25 @@ async fn remove_address(handle: &Handle, link: &str, ip: IpAddr) -> io::Result<(
         .try_next()
         .await
         .map_err(to_io)?;
-    match found {
-        Some(address) => handle.address().del(address).execute().await.map_err(to_io),
-        None => Ok(()),
-    }
+    let Some(address) = found else {
+        return Ok(false);
+    };
+    handle
+        .address()
+        .del(address)
+        .execute()
+        .await
+        .map_err(to_io)?;
+    Ok(true)
 }
 
-async fn remove_link(handle: &Handle, name: &str) -> io::Result<()> {
-    match link_index(handle, name).await? {
-        Some(index) => handle.link().del(index).execute().await.map_err(to_io),
-        None => Ok(()),
-    }
+/// Deletes link `name`; `false` when there was none.
+async fn remove_link(handle: &Handle, name: &str) -> io::Result<bool> {
+    let Some(index) = link_index(handle, name).await? else {
+        return Ok(false);
+    };
+    handle.link().del(index).execute().await.map_err(to_io)?;
+    Ok(true)
 }
 
 /// A single address: /32, or /128 for IPv6.
