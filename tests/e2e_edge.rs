@@ -85,10 +85,11 @@ async fn until_cached(hub: &HubProcess, path: &str) -> support::RawResponse {
 async fn offline_get_and_list_follow_kubernetes_semantics() {
     let cluster = Cluster::start().await;
     for (name, app) in [("a", "web"), ("b", "db"), ("c", "web")] {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, app))
-            .unwrap();
+        let mut pod = pod(name, NODE, app);
+        // An optional ConfigMap that does not exist (the node authorizer lets kubelet read it).
+        pod["spec"]["volumes"] =
+            json!([{"name": "v", "configMap": {"name": "absent", "optional": true}}]);
+        cluster.fake.create("v1/pods", pod).unwrap();
     }
     let hub = cluster.start_hub();
     let node_path = format!("/api/v1/nodes/{NODE}");
@@ -104,8 +105,29 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     );
     let online_list = kubelet_get(&hub, &pods_path).await;
     assert_eq!(online_list.status, 200);
+    // kubelet's per-object reflector of a ConfigMap that does not exist: an empty list.
+    let absent_cm = "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dabsent&limit=500&resourceVersion=0";
+    let empty = kubelet_get(&hub, absent_cm).await;
+    assert_eq!(
+        empty.json()["items"],
+        json!([]),
+        "{}",
+        String::from_utf8_lossy(&empty.body)
+    );
     assert_eq!(names(&online_list.json()), ["a", "b", "c"]);
     let list_rv = online_list.json()["metadata"]["resourceVersion"].clone();
+
+    // A resourceVersion that is not a number: the cloud's answer, to compare offline.
+    let bad_rv = [
+        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&resourceVersion=abc"),
+        format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&resourceVersion=abc&watch=true"),
+    ];
+    let mut cloud_said = Vec::new();
+    for path in &bad_rv {
+        let resp = kubelet_get(&hub, path).await;
+        cloud_said.push((resp.status, resp.json()["message"].clone()));
+    }
+    assert_eq!(cloud_said[0].0, 400);
 
     cluster.fake.refuse_connections();
     let node = until_cached(&hub, &node_path).await;
@@ -171,7 +193,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     assert_eq!(names(&second), ["c"]);
     assert!(second["metadata"].get("continue").is_none());
 
-    // GET of a pod known only from the list; a pod never seen is a 404 Status.
+    // GET of a pod known only from the list.
     let a = kubelet_get(&hub, "/api/v1/namespaces/default/pods/a").await;
     assert_eq!(a.status, 200);
     assert_eq!(
@@ -179,9 +201,35 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
         "Pod",
         "list items are served as whole objects"
     );
-    let missing = kubelet_get(&hub, "/api/v1/namespaces/default/pods/zz").await;
-    assert_eq!(missing.status, 404);
+    // An object the cache lacks is NotFound only where a cached list says it did not exist
+    // (kubelet's per-name ConfigMap list came back empty); otherwise the cache cannot know.
+    let gone = until_cached(&hub, absent_cm).await;
+    assert_eq!(gone.json()["items"], json!([]));
+    let missing = kubelet_get(&hub, "/api/v1/namespaces/default/configmaps/absent").await;
+    assert_eq!(
+        missing.status,
+        404,
+        "{}",
+        String::from_utf8_lossy(&missing.body)
+    );
     assert_eq!(missing.json()["reason"], "NotFound");
+    let unknown = kubelet_get(&hub, "/api/v1/namespaces/default/pods/zz").await;
+    assert_eq!(
+        (unknown.status, &unknown.json()["reason"]),
+        (503, &json!("ServiceUnavailable")),
+        "no cached list covers pod zz: {}",
+        String::from_utf8_lossy(&unknown.body)
+    );
+
+    // The same validation as the cloud's, for a list and a watch alike.
+    for (path, cloud) in bad_rv.iter().zip(&cloud_said) {
+        let resp = kubelet_get(&hub, path).await;
+        assert_eq!(
+            &(resp.status, resp.json()["message"].clone()),
+            cloud,
+            "{path}"
+        );
+    }
 
     // A list nobody cached is a 503 Status, never an empty list.
     let unknown = kubelet_get(&hub, "/api/v1/configmaps").await;
@@ -491,6 +539,57 @@ async fn a_503_from_an_aggregated_api_is_not_an_outage() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    cluster.fake.restore().await;
+}
+
+/// A healthy apiserver that fails one read (a 500, or no answer within the request's deadline)
+/// is not an outage: for an object the cache does not hold, kubelet gets the upstream's answer
+/// (or the timeout), never a 404 "served from the edge cache" that would tell it the object is
+/// gone. An object the cache holds is still answered from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_of_an_uncached_object_is_never_a_404_from_the_cache() {
+    let cluster = cluster_with_pods(&["a"]).await;
+    let hub = start_hub_with_slow_rounds(&cluster);
+    let cached = "/api/v1/namespaces/default/pods/a";
+    let uncached = "/api/v1/namespaces/default/configmaps/settings";
+    assert_eq!(kubelet_get(&hub, cached).await.status, 200);
+    until_durable(&hub, &[r#"op="object",outcome="stored""#]).await;
+
+    cluster
+        .fake
+        .fail_requests_under("/api/v1/namespaces/default", Some(500));
+    let failed = kubelet_get(&hub, uncached).await;
+    assert_eq!(
+        (failed.status, failed.json()["reason"].clone()),
+        (500, json!("InternalError")),
+        "the upstream's answer: {}",
+        String::from_utf8_lossy(&failed.body)
+    );
+    assert!(!served_from_cache(&failed));
+    let from_cache = kubelet_get(&hub, cached).await;
+    assert_eq!(from_cache.status, 200);
+    assert!(served_from_cache(&from_cache), "the cache holds this one");
+
+    // No headers within the deadline (the request's timeout less the cache's margin).
+    cluster
+        .fake
+        .fail_requests_under("/api/v1/namespaces/default", None);
+    cluster.fake.delay_requests_under(
+        "/api/v1/namespaces/default/configmaps",
+        Some(Duration::from_secs(8)),
+    );
+    let slow = kubelet_get(&hub, &format!("{uncached}?timeout=4s")).await;
+    assert_eq!(
+        (slow.status, slow.json()["reason"].clone()),
+        (504, json!("Timeout")),
+        "{}",
+        String::from_utf8_lossy(&slow.body)
+    );
+    let ready = get(hub.admin, "/v1/readyz", "test").await;
+    assert!(
+        !String::from_utf8_lossy(&ready.body).contains("offline"),
+        "the apiserver stayed healthy"
+    );
     cluster.fake.restore().await;
 }
 

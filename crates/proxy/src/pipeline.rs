@@ -240,7 +240,16 @@ impl Pipeline {
                         .into(),
                 ));
             }
-            return edge.serve(plan.clone(), info, &parts.headers).await;
+            let cached = edge.serve(plan.clone(), info, &parts.headers).await;
+            // A server that answered badly while the cloud is up is not an outage: the cache
+            // helps where it holds the answer, and otherwise the upstream's own answer stands
+            // (never a cache miss worded as if the cloud were gone).
+            let cloud_down = edge.is_offline() || matches!(sent, Err(ProxyError::Offline(_)));
+            if cloud_down || cached.is_ok() {
+                return cached;
+            }
+            debug!(error = %cached.err().map(|e| e.to_string()).unwrap_or_default(),
+                "upstream failed and the cache cannot answer; passing the upstream's answer on");
         }
         let resp = ended_by(outage, client_response(sent?, false));
         Ok(match &route.cache {

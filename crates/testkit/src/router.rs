@@ -184,7 +184,7 @@ pub async fn serve(
         .headers()
         .contains_key(header::UPGRADE)
         .then(|| hyper::upgrade::on(&mut req));
-    let latency = shared.faults.latency();
+    let latency = shared.faults.delay(req.uri().path());
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }

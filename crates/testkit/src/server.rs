@@ -418,6 +418,14 @@ impl FakeApiServer {
         self.shared.faults.set_latency(d);
     }
 
+    /// Delays the answers to requests whose path starts with `prefix` by `d`; the rest of the
+    /// server answers at once (`None` = off).
+    pub fn delay_requests_under(&self, prefix: &str, d: Option<Duration>) {
+        self.shared
+            .faults
+            .set_delay_under(d.map(|d| (prefix.to_owned(), d)));
+    }
+
     /// Answers every request with this code and a matching Status body (`None` = off).
     pub fn fail_requests(&self, code: Option<u16>) {
         self.shared.faults.set_fail(code);
@@ -452,6 +460,7 @@ impl FakeApiServer {
         self.shared.faults.set_fail(None);
         self.shared.faults.set_fail_under(None);
         self.shared.faults.set_hang_up_under(None);
+        self.shared.faults.set_delay_under(None);
         self.shared.faults.set_blackhole(false);
         if lock(&self.listener).is_none() {
             self.rebind().await;

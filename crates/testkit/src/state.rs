@@ -46,6 +46,9 @@ pub(crate) struct Faults {
     /// The next so many requests under this path prefix lose their connection once read: no
     /// answer at all.
     hang_up_under: Mutex<Option<(String, usize)>>,
+    /// Requests under this path prefix are answered this much later (a slow server for some
+    /// requests only: its probes and other reads are answered at once).
+    delay_under: Mutex<Option<(String, Duration)>>,
     blackhole: watch::Sender<bool>,
 }
 
@@ -56,6 +59,7 @@ impl Faults {
             fail: Mutex::new(None),
             fail_under: Mutex::new(None),
             hang_up_under: Mutex::new(None),
+            delay_under: Mutex::new(None),
             blackhole: watch::channel(false).0,
         }
     }
@@ -92,6 +96,19 @@ impl Faults {
             }
             _ => false,
         }
+    }
+
+    /// How long a request for `path` waits before it is answered.
+    pub fn delay(&self, path: &str) -> Duration {
+        let under = lock(&self.delay_under)
+            .as_ref()
+            .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .map_or(Duration::ZERO, |(_, d)| *d);
+        self.latency().max(under)
+    }
+
+    pub fn set_delay_under(&self, prefix_and_delay: Option<(String, Duration)>) {
+        *lock(&self.delay_under) = prefix_and_delay;
     }
 
     pub fn set_hang_up_under(&self, prefix_and_times: Option<(String, usize)>) {

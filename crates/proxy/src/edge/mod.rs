@@ -197,15 +197,9 @@ impl Edge {
                 "the cache writer is still behind; answering from the cache as it is"
             );
         }
-        let result = match plan {
-            CachePlan::Object { key } => offline::get(&self.store, key).await,
-            CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
-            CachePlan::Watch { scope, .. } => {
-                let online = self.health.subscribe();
-                let timeout = self.min_request_timeout;
-                watch::serve(&self.lists, &self.store, scope, info, online, timeout).await
-            }
-            CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
+        let result = match check_resource_version(&plan, info) {
+            Err(status) => Err(ProxyError::Local(status)),
+            Ok(()) => self.answer(plan, info, headers).await,
         };
         let label = match &result {
             Ok(_) => "served",
@@ -216,5 +210,42 @@ impl Edge {
             .with_label_values(&[verb, label])
             .inc();
         result
+    }
+
+    async fn answer(
+        &self,
+        plan: CachePlan,
+        info: &RequestInfo,
+        headers: &HeaderMap,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        match plan {
+            CachePlan::Object { key } => offline::get(&self.store, key).await,
+            CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
+            CachePlan::Watch { scope, .. } => {
+                let online = self.health.subscribe();
+                let timeout = self.min_request_timeout;
+                watch::serve(&self.lists, &self.store, scope, info, online, timeout).await
+            }
+            CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
+        }
+    }
+}
+
+/// kube-apiserver's check of a read's `resourceVersion` (an unsigned integer, or empty), so
+/// that the cache refuses what the cloud refuses, with the same words.
+fn check_resource_version(
+    plan: &CachePlan,
+    info: &RequestInfo,
+) -> Result<(), outpost_core::Status> {
+    if matches!(plan, CachePlan::Discovery { .. }) {
+        return Ok(());
+    }
+    match info.query.resource_version.as_deref() {
+        Some(rv) if !rv.is_empty() && rv.parse::<u64>().is_err() => {
+            Err(outpost_core::Status::bad_request(format!(
+                "resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
+            )))
+        }
+        _ => Ok(()),
     }
 }

@@ -58,20 +58,59 @@ pub fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody
     resp
 }
 
-/// GET of one object.
+/// GET of one object. An object the cache lacks is `404 NotFound` only where a cached list
+/// covering it says it did not exist (as last seen from the cloud); otherwise the cache simply
+/// does not know, and says so with a 503.
 pub async fn get(
     store: &Arc<dyn Store>,
     key: ObjectKey,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let lookup_key = key.clone();
-    match blocking(store, move |s| s.get(&lookup_key)).await? {
+    let (lookup, known_absent) = blocking(store, move |s| {
+        let lookup = s.get(&lookup_key)?;
+        let known_absent = match (&lookup, covering_query(&lookup_key)) {
+            (Lookup::NotCached, Some(query)) => s.list(&query)?.is_some_and(|l| l.items.is_empty()),
+            _ => false,
+        };
+        Ok((lookup, known_absent))
+    })
+    .await?;
+    match lookup {
         Lookup::Found(object) => Ok(json_response(object.bytes, "application/json")),
-        Lookup::NotCached | Lookup::Quarantined => Err(ProxyError::NotCached {
+        Lookup::NotCached if known_absent => Err(ProxyError::NotCached {
             group: key.gvr.group,
             resource: key.gvr.resource,
             name: key.name,
         }),
+        Lookup::NotCached => Err(ProxyError::Offline(format!(
+            "{} {:?} is not in the edge cache, and no cached list says whether it exists",
+            key.gvr, key.name
+        ))),
+        Lookup::Quarantined => Err(ProxyError::Offline(format!(
+            "the cached {} {:?} was damaged and set aside; it will be refetched when the cloud is back",
+            key.gvr, key.name
+        ))),
     }
+}
+
+/// The LIST that would hold `key`'s object (its namespace, `metadata.name=<name>`): a cached
+/// scope covering it knows whether the object existed.
+fn covering_query(key: &ObjectKey) -> Option<Scope> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | ':');
+    if key.name.is_empty() || !key.name.chars().all(plain) {
+        return None;
+    }
+    let fields =
+        outpost_core::selector::FieldSelector::parse(&format!("metadata.name={}", key.name))
+            .ok()?;
+    let namespace = Some(key.namespace.as_str()).filter(|ns| !ns.is_empty());
+    Some(Scope::new(
+        &key.component,
+        &key.gvr,
+        namespace,
+        outpost_core::selector::LabelSelector::default(),
+        fields,
+    ))
 }
 
 /// LIST of a scope, paged like the apiserver when the client sends `limit`.
