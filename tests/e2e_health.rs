@@ -335,8 +335,9 @@ async fn readiness_names_a_configuration_it_cannot_read() {
         )
         .expect("the e2e cluster carries the hub's binding");
     let hub = start_hub(&cluster, &[]);
-    let body = until_readyz(&hub, 500, "[-]config failed").await;
-    assert!(body.contains("403"), "{body}");
+    // At first "not read yet", then the reason the read fails.
+    let body = until_readyz(&hub, 500, "403").await;
+    assert!(body.contains("[-]config failed"), "{body}");
     assert!(body.contains("[+]cloud ok"), "{body}");
 
     let rbac = outpost_testkit::manifest::load_yaml(concat!(
@@ -345,6 +346,28 @@ async fn readiness_names_a_configuration_it_cannot_read() {
     ))
     .unwrap();
     cluster.fake.apply_rbac(&rbac).unwrap();
+    let body = until_readyz(&hub, 200, "[+]config ok").await;
+    assert!(body.contains("readyz check passed"), "{body}");
+}
+
+/// At start-up the hub is not ready until its configuration (`yurt-hub-cfg`) is read: a check
+/// that never passed gets no grace period (that grace is for flaps of a check that passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_configuration_at_start() {
+    let cluster = Cluster::start().await;
+    cluster.fake.delay_requests_under(
+        "/api/v1/namespaces/kube-system/configmaps",
+        Some(Duration::from_secs(4)),
+    );
+    // Slow probe rounds: a grace of two rounds (20 s) would cover the whole delay.
+    let hub = start_hub(&cluster, &["--heartbeat-interval-seconds=10"]);
+    let early = get(hub.admin, "/v1/readyz", "test").await;
+    let body = String::from_utf8_lossy(&early.body).into_owned();
+    assert_eq!(early.status, 500, "{body}");
+    assert!(
+        body.contains("[-]config failed: yurt-hub-cfg not read yet"),
+        "{body}"
+    );
     let body = until_readyz(&hub, 200, "[+]config ok").await;
     assert!(body.contains("readyz check passed"), "{body}");
 }

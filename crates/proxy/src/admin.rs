@@ -87,6 +87,9 @@ pub struct Tracked {
     ok: bool,
     since: SystemTime,
     failing_since: Option<Instant>,
+    /// Whether the check has ever passed: one that never has (the hub's configuration not
+    /// read yet at start-up) is not ready at once, with no grace.
+    passed: bool,
 }
 
 impl Readiness {
@@ -150,23 +153,26 @@ impl Readiness {
         }
     }
 
-    /// The checks as reported: failures only once they have lasted `flap_guard`, each with the
-    /// time its reported state began.
+    /// The checks as reported, each with the time its reported state began. A check that has
+    /// passed before is reported failing only once the failure has lasted `flap_guard`; one that
+    /// never passed fails at once.
     pub fn reported(&self, now: SystemTime) -> Vec<(CheckResult, SystemTime)> {
         let mut history = self.history.lock().unwrap_or_else(|p| p.into_inner());
         self.checks(now)
             .into_iter()
             .map(|mut check| {
                 let tracked = history.entry(check.name).or_insert(Tracked {
-                    ok: true,
+                    ok: check.ok,
                     since: now,
                     failing_since: None,
+                    passed: false,
                 });
                 if check.ok {
                     tracked.failing_since = None;
+                    tracked.passed = true;
                 } else {
                     let failing_since = *tracked.failing_since.get_or_insert_with(Instant::now);
-                    if failing_since.elapsed() < self.flap_guard {
+                    if tracked.passed && failing_since.elapsed() < self.flap_guard {
                         check.ok = true;
                         check.degraded = true;
                         check.detail =
@@ -520,14 +526,20 @@ mod tests {
 
     #[test]
     fn a_failure_is_reported_only_once_it_has_lasted() {
-        let r = readiness(Duration::ZERO, Duration::from_secs(3600));
-        let (check, _) = r.reported(SystemTime::now()).remove(0);
+        let r = readiness(Duration::from_secs(3600), Duration::from_secs(3600));
+        let now = SystemTime::now();
+        assert!(r.reported(now).remove(0).0.ok);
+        let (check, _) = r.reported(now + Duration::from_secs(7200)).remove(0);
         assert!(check.ok && check.degraded, "{check:?}");
         assert!(
             check.detail.contains("failing for under"),
             "{}",
             check.detail
         );
+        // A check that never passed (start-up) gets no grace.
+        let r = readiness(Duration::ZERO, Duration::from_secs(3600));
+        let (check, _) = r.reported(SystemTime::now()).remove(0);
+        assert!(!check.ok, "{check:?}");
         let r = readiness(Duration::ZERO, Duration::ZERO);
         let first = SystemTime::now();
         let (check, since) = r.reported(first).remove(0);
