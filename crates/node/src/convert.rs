@@ -71,6 +71,14 @@ pub fn convert(args: &ConvertArgs, out: &mut dyn Write) -> Result<Outcome, NodeE
     apply(&node, &mut record, &manifest, &mut outcome, out)?;
     if kubelet_pending {
         wait_ready(&node, args, &readyz, out)?;
+        // The wait can be long: an operator (or kubeadm) may have changed kubelet's files
+        // meanwhile. Plan kubelet's part again from what is on disk now, so that such a change
+        // is kept (redirected with the rest) or refused, never overwritten with what was read
+        // before the wait.
+        check_kubeadm_node(&node)?;
+        let hub_kubeconfig = render::hub_kubeconfig().as_bytes().to_vec();
+        let kubeconfig = created_step(&node, &record, HUB_KUBECONFIG, hub_kubeconfig, false)?;
+        let flags = flags_step(&node, &record)?;
         apply(&node, &mut record, &kubeconfig, &mut outcome, out)?;
         apply(&node, &mut record, &flags, &mut outcome, out)?;
         outcome.kubelet_restarted = kubelet::restart_or_advise(
@@ -369,6 +377,12 @@ fn apply(
         record_new_dirs(node, record, &parent.to_string_lossy())?;
     }
     let host = node.host(step.path);
+    if fsops::read_opt(&host)? != step.current {
+        return Err(NodeError::refused(
+            host,
+            "changed while outpost node convert was running; run it again",
+        ));
+    }
     let entry = match &step.original {
         None => Entry::Created {
             path: step.path.into(),

@@ -80,6 +80,33 @@ fn convert_installs_the_hub_then_redirects_kubelet() {
     }
 }
 
+/// kubelet's flags changed while convert waited for the hub to get ready (an operator, a kubeadm
+/// upgrade): the change is kept, redirected like the rest, and backed up as the original.
+#[test]
+fn a_change_to_kubelets_flags_during_the_wait_is_kept() {
+    let tree = NodeTree::kubeadm();
+    let flags = tree.path(KUBEADM_FLAGS);
+    let changed = FLAGS_ENV.replace("pause:3.10", "pause:3.10 --node-labels=zone=a");
+    let edit = changed.clone();
+    let hub = MiniHttp::start(move |_| {
+        fs::write(&flags, &edit).unwrap();
+        (200, "ok".into())
+    });
+    let args = convert_args(&tree, &hub.url("/v1/readyz"), &[]);
+
+    let (result, printed) = convert(&args);
+    result.unwrap_or_else(|e| panic!("{e}\n{printed}"));
+    assert_eq!(
+        tree.read(KUBEADM_FLAGS),
+        REDIRECTED_FLAGS_ENV.replace("pause:3.10", "pause:3.10 --node-labels=zone=a")
+    );
+    assert_eq!(
+        tree.read("/var/lib/outpost/backup/var/lib/kubelet/kubeadm-flags.env"),
+        changed,
+        "revert restores the flags as they were when kubelet was redirected"
+    );
+}
+
 #[test]
 fn the_written_static_pod_passes_kubectl_and_a_typed_round_trip() {
     let tree = NodeTree::kubeadm();
