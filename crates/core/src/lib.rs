@@ -8,11 +8,13 @@
 //! - [`selector`]: label and field selectors (parse, match), as `k8s.io/apimachinery` defines them.
 //! - [`status`]: Kubernetes `Status` error bodies; every error a client sees is one of these.
 //! - [`time`]: `metav1.Time` / `MicroTime` text.
+//! - [`wire`]: bodies on the wire: JSON and Kubernetes protobuf, `Accept` negotiation.
 
 pub mod request_info;
 pub mod selector;
 pub mod status;
 pub mod time;
+pub mod wire;
 
 pub use request_info::{ClassifyError, RequestInfo, Verb};
 pub use status::{Reason, Status};
