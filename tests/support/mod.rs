@@ -302,6 +302,46 @@ pub async fn send_json(addr: SocketAddr, method: &str, path: &str, body: &str) -
     raw_http(addr, req.as_bytes()).await
 }
 
+/// What a Kubernetes 1.32 kubelet sends with every request.
+pub const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
+pub const KUBELET_ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
+
+/// A kubelet write: `object` as a protobuf body (kubelet's `contentType`), or for a PATCH the
+/// strategic-merge JSON kubelet sends, with kubelet's headers.
+pub async fn kubelet_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    object: &serde_json::Value,
+) -> RawResponse {
+    let (content_type, body) = if method == "PATCH" {
+        (
+            "application/strategic-merge-patch+json",
+            object.to_string().into_bytes(),
+        )
+    } else {
+        (
+            outpost_core::wire::PROTOBUF,
+            outpost_core::wire::protobuf::encode_object(object).expect("a kind kubelet writes"),
+        )
+    };
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {KUBELET_UA}\r\nAccept: {KUBELET_ACCEPT}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    raw_http(addr, &req).await
+}
+
+/// A kubelet GET, with kubelet's headers (protobuf preferred).
+pub async fn kubelet_get(addr: SocketAddr, path: &str) -> RawResponse {
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {KUBELET_UA}\r\nAccept: {KUBELET_ACCEPT}\r\nConnection: close\r\n\r\n"
+    );
+    raw_http(addr, req.as_bytes()).await
+}
+
 /// `GET path` with `Connection: close`, through `addr`.
 pub async fn get(addr: SocketAddr, path: &str, user_agent: &str) -> RawResponse {
     let req = format!(
@@ -356,6 +396,17 @@ impl RawResponse {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON, whether it came as JSON or as Kubernetes protobuf.
+    pub fn object(&self) -> serde_json::Value {
+        outpost_core::wire::read_body(self.header("content-type"), &self.body).unwrap_or_else(|e| {
+            panic!(
+                "{} body is not an object ({e}): {:?}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     pub fn json(&self) -> serde_json::Value {

@@ -27,6 +27,7 @@
 //! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
 
 pub mod admin;
+pub mod autonomy;
 pub mod body;
 pub mod bootstrap;
 pub mod callers;
@@ -43,6 +44,7 @@ pub mod hubcfg;
 pub mod memory;
 pub mod metrics;
 pub mod multiplexer;
+pub(crate) mod objects;
 pub mod ota;
 pub mod pipeline;
 pub mod reflector;
@@ -362,17 +364,24 @@ impl Hub {
             tokio::spawn(cfg_watch.run(shutdown_rx.clone())),
         ));
         let local_lease = match (&heartbeat, &config.health.heartbeat) {
-            (Some(hb), Some(c)) => Some(health::local_lease::LocalLease::new(
-                &c.node_name,
-                hb.calls.clone(),
-            )),
+            (Some(hb), Some(c)) => {
+                let lease = health::local_lease::LocalLease::new(
+                    &c.node_name,
+                    hb.calls.clone(),
+                    edge.as_ref().map(|e| e.store().clone()),
+                );
+                lease.restore().await;
+                Some(lease)
+            }
             _ => None,
         };
-        let node_status = match (&edge, &config.health.heartbeat) {
-            (Some(edge), Some(c)) => {
+        let node_status = match (&edge, &config.health.heartbeat, &heartbeat) {
+            (Some(edge), Some(c), Some(hb)) => {
                 let status = Arc::new(health::node_status::NodeStatus::new(
                     &c.node_name,
                     edge.store().clone(),
+                    hb.calls.clone(),
+                    c.grace,
                 ));
                 tasks.push((
                     "node status replay",
@@ -402,12 +411,25 @@ impl Hub {
                 .map(callers::VerifiedTokens::load)
                 .unwrap_or_default(),
         );
+        let autonomy = edge.as_ref().map(|edge| autonomy::Autonomy {
+            lease: local_lease,
+            node_status,
+            tokens: autonomy::tokens::Tokens::new(
+                edge.store().clone(),
+                edge.writer().clone(),
+                metrics.clone(),
+            ),
+            registration: autonomy::registration::Registration::new(
+                &config.node_name,
+                edge.store().clone(),
+                metrics.clone(),
+            ),
+        });
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),
             edge,
-            local_lease,
-            node_status,
+            autonomy,
             filtering,
             multiplexer,
             verified_tokens,

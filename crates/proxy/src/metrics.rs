@@ -34,6 +34,9 @@ pub struct Metrics {
     pub cache_served: IntCounterVec,
     /// Pool-scope reads answered from the shared cache, by resource and verb.
     pub shared_served: IntCounterVec,
+    /// kubelet's writes the hub answered or kept while the cloud was away, and their replays
+    /// (`crate::autonomy`), by request and outcome.
+    pub autonomy: IntCounterVec,
     /// 1 while the cloud answers, 0 while the hub serves from its cache.
     pub cloud_online: IntGauge,
     /// Per `--server-addr`: 1 healthy, 0 unhealthy.
@@ -160,6 +163,16 @@ impl Metrics {
             &["resource", "verb"],
         )
         .expect("valid metric definition");
+        let autonomy = IntCounterVec::new(
+            Opts::new(
+                "outpost_autonomy_total",
+                "kubelet's requests the hub answered or kept while the cloud was unreachable \
+                 (service-account tokens, registration, pod status, events), and their replays \
+                 to the cloud, by request and outcome.",
+            ),
+            &["request", "outcome"],
+        )
+        .expect("valid metric definition");
         let cloud_online = IntGauge::new(
             "outpost_cloud_online",
             "1 while an apiserver answers, 0 while the hub serves from its cache.",
@@ -248,6 +261,7 @@ impl Metrics {
             Box::new(cache_degraded.clone()),
             Box::new(cache_served.clone()),
             Box::new(shared_served.clone()),
+            Box::new(autonomy.clone()),
             Box::new(cloud_online.clone()),
             Box::new(server_healthy.clone()),
             Box::new(server_transitions.clone()),
@@ -284,6 +298,7 @@ impl Metrics {
             cache_degraded,
             cache_served,
             shared_served,
+            autonomy,
             cloud_online,
             server_healthy,
             server_transitions,

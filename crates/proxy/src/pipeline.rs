@@ -39,14 +39,18 @@ use hyper_util::rt::TokioIo;
 use outpost_core::{RequestInfo, Status, Verb};
 use tracing::{debug, warn};
 
+use crate::autonomy::tokens::{self, TokenKey, Tokens};
+use crate::autonomy::{Autonomy, KubeletRequest};
 use crate::body::{self, ProxyBody};
 use crate::callers::{self, Entry, SecureCaller, VerifiedTokens};
 use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
 use crate::headers;
+use crate::health::local_lease::LocalLease;
 use crate::metrics::Metrics;
 use crate::multiplexer::Multiplexer;
+use crate::objects;
 use crate::route::{self, Route};
 use crate::upstream::Upstream;
 
@@ -64,10 +68,9 @@ pub struct Pipeline {
     pub metrics: Metrics,
     /// Edge mode only.
     pub edge: Option<Edge>,
-    /// Edge mode only: kubelet's own lease, answered locally.
-    pub local_lease: Option<crate::health::local_lease::LocalLease>,
-    /// Edge mode only: kubelet's node status while offline.
-    pub node_status: Option<Arc<crate::health::node_status::NodeStatus>>,
+    /// Edge mode only: kubelet's requests the hub answers itself (its lease, tokens,
+    /// registration and node status while offline).
+    pub autonomy: Option<Autonomy>,
     /// Response filters (absent when turned off entirely).
     pub filtering: Option<Arc<Filtering>>,
     /// The pool-scope shared cache (absent with no `--pool-scope-resources`).
@@ -104,8 +107,7 @@ impl Pipeline {
             &info,
             req.headers(),
             self.edge.as_ref(),
-            self.local_lease.as_ref(),
-            self.node_status.as_deref(),
+            self.autonomy.as_ref(),
             self.filtering.as_deref(),
         );
         if let Some(caller) = caller {
@@ -121,11 +123,7 @@ impl Pipeline {
         let result = match (&self.edge, route.cache.clone(), answered) {
             (_, _, Some(resp)) => Ok(resp),
             _ if route.tunnel => self.tunnel(route, &info, req).await,
-            _ if route.kubelet_lease => self.kubelet_lease(route, &info, req).await,
-            _ if route.kubelet_status => match &self.node_status {
-                Some(status) => status.accept(req.into_body()).await,
-                None => self.remote(route, &info, req).await,
-            },
+            _ if route.kubelet.is_some() => self.kubelet(route, &info, req).await,
             (Some(edge), Some(plan), None) if route.local => {
                 edge.serve(plan, &info, req.headers()).await
             }
@@ -143,21 +141,95 @@ impl Pipeline {
         self.respond(Some(&info), result, started, Some(in_flight))
     }
 
-    /// Stage 3b for kubelet's own lease (edge mode): answered locally; the first GET seeds the
-    /// local copy from the cloud while it is reachable.
-    async fn kubelet_lease(
+    /// Stage 3b for kubelet's requests the hub answers itself ([`crate::autonomy`]).
+    async fn kubelet(
         &self,
         route: Route,
         info: &RequestInfo,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let Some(lease) = &self.local_lease else {
+        let (Some(autonomy), Some(which)) = (&self.autonomy, route.kubelet) else {
             return self.remote(route, info, req).await;
         };
+        match which {
+            KubeletRequest::Lease => match &autonomy.lease {
+                Some(lease) => self.kubelet_lease(lease, route, info, req).await,
+                None => self.remote(route, info, req).await,
+            },
+            KubeletRequest::NodeStatus => match &autonomy.node_status {
+                Some(status) => status.accept(req.into_body()).await,
+                None => self.remote(route, info, req).await,
+            },
+            KubeletRequest::Token => self.token(&autonomy.tokens, route, info, req).await,
+            KubeletRequest::Registration => {
+                let (parts, body) = req.into_parts();
+                autonomy
+                    .registration
+                    .answer(&parts.headers, body::stream(body))
+                    .await
+            }
+        }
+    }
+
+    /// kubelet's TokenRequest: the cloud's answer is kept; when the cloud cannot answer, the
+    /// kept one is ([`crate::autonomy::tokens`]). The request body is read first: it names
+    /// the answer, and is sent again as it came.
+    async fn token(
+        &self,
+        tokens: &Tokens,
+        route: Route,
+        info: &RequestInfo,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let (parts, body) = req.into_parts();
+        let request =
+            objects::read_request(&parts.headers, body::stream(body), tokens::MAX_BODY).await?;
+        let key = TokenKey::of(info, &request.object)?;
+        let cloud_down = self.edge.as_ref().is_some_and(Edge::is_offline);
+        if cloud_down {
+            return tokens.answer(&key, &parts.headers).await;
+        }
+        let req = Request::from_parts(parts.clone(), body::full(request.bytes));
+        let sent = self.remote_streamed(route, info, req).await;
+        let cloud_failed = match &sent {
+            Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
+            Ok(resp) => is_cloud_failure(resp.status()),
+        };
+        if cloud_failed {
+            if let Ok(kept) = tokens.answer(&key, &parts.headers).await {
+                return Ok(kept);
+            }
+            return sent;
+        }
+        let resp = sent?;
+        if resp.status() != StatusCode::CREATED {
+            return Ok(resp);
+        }
+        let (resp_parts, body) = resp.into_parts();
+        let answer = objects::read_bytes(body, tokens::MAX_BODY).await?;
+        let content_type = resp_parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        tokens.remember(&key, content_type, answer.clone());
+        Ok(Response::from_parts(resp_parts, body::full(answer)))
+    }
+
+    /// Stage 3b for kubelet's own lease (edge mode): answered locally; the first GET seeds the
+    /// local copy from the cloud while it is reachable.
+    async fn kubelet_lease(
+        &self,
+        lease: &LocalLease,
+        route: Route,
+        info: &RequestInfo,
+        req: Request<Incoming>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let seeding = req.method() == http::Method::GET && lease.is_empty() && !route.local;
         if !seeding {
-            let method = req.method().clone();
-            return lease.serve(&method, req.into_body()).await;
+            let (parts, body) = req.into_parts();
+            return lease
+                .serve(&parts.method, &parts.headers, body::stream(body))
+                .await;
         }
         let resp = self.remote(route, info, req).await?;
         if resp.status() != StatusCode::OK {
@@ -172,7 +244,11 @@ impl Pipeline {
                 cause: e.to_string(),
             })?
             .to_bytes();
-        lease.seed(&bytes);
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        lease.seed(content_type, &bytes).await;
         Ok(Response::from_parts(parts, body::full(bytes)))
     }
 
@@ -185,10 +261,21 @@ impl Pipeline {
         info: &RequestInfo,
         req: Request<Incoming>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
+        self.remote_streamed(route, info, req.map(body::stream))
+            .await
+    }
+
+    /// [`Self::remote`] for a request whose body is already a [`ProxyBody`].
+    async fn remote_streamed(
+        &self,
+        route: Route,
+        info: &RequestInfo,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         let deadline = self.deadline(info, route.cache.as_ref());
         let (parts, body) = req.into_parts();
         let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
-        let mut body = Some(body::stream(body));
+        let mut body = Some(body);
         let mut sent = Err(ProxyError::NoUpstream);
         let mut outage = None;
         let mut avoid = None;

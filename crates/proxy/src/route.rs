@@ -11,12 +11,11 @@ use outpost_core::RequestInfo;
 
 use outpost_filter::Chain;
 
+use crate::autonomy::{Autonomy, KubeletRequest};
 use crate::callers::{SecureCaller, TokenDigest};
 use crate::edge::{CachePlan, Edge};
 use crate::filtering::Filtering;
 use crate::headers;
-use crate::health::local_lease::LocalLease;
-use crate::health::node_status::NodeStatus;
 use crate::upstream::Identity;
 
 /// How one request is served.
@@ -27,11 +26,10 @@ pub struct Route {
     pub tunnel: bool,
     /// Edge mode: the cache's part in this request (`None`: proxy only).
     pub cache: Option<CachePlan>,
-    /// Edge mode: kubelet's own lease request, answered by the hub (the heartbeat renews the
-    /// cloud's copy while kubelet keeps calling).
-    pub kubelet_lease: bool,
-    /// Edge mode, offline: kubelet's node-status PATCH, kept locally and replayed on return.
-    pub kubelet_status: bool,
+    /// Edge mode: one of kubelet's requests the hub answers itself ([`crate::autonomy`]): its
+    /// lease always, its TokenRequests from what the cloud answered, and offline its
+    /// registration and node status.
+    pub kubelet: Option<KubeletRequest>,
     /// Edge mode: the cloud is known to be unreachable and the cache can take this request, so
     /// it is answered locally without waiting for upstream. Other requests are still tried
     /// upstream (a write that could succeed is never refused on stale evidence).
@@ -50,8 +48,7 @@ impl Route {
     /// requests; its cache is its own `partition`; offline, answered from the cache only when
     /// its token is verified.
     pub fn for_secure_caller(mut self, caller: SecureCaller, verified: bool) -> Route {
-        self.kubelet_lease = false;
-        self.kubelet_status = false;
+        self.kubelet = None;
         self.cache = self.cache.map(|plan| plan.in_partition(&caller.partition));
         self.cache_may_answer = verified;
         self.local &= verified;
@@ -65,8 +62,7 @@ pub fn decide(
     info: &RequestInfo,
     headers: &HeaderMap,
     edge: Option<&Edge>,
-    local_lease: Option<&LocalLease>,
-    node_status: Option<&NodeStatus>,
+    autonomy: Option<&Autonomy>,
     filtering: Option<&Filtering>,
 ) -> Route {
     let identity = if headers::has_bearer_token(headers) {
@@ -78,10 +74,11 @@ pub fn decide(
     let cache = edge.and_then(|e| e.plan(info, headers));
     let offline = edge.is_some_and(Edge::is_offline);
     Route {
-        kubelet_status: !tunnel && offline && node_status.is_some_and(|n| n.handles(info)),
+        kubelet: autonomy
+            .filter(|_| !tunnel)
+            .and_then(|a| a.classify(info, offline)),
         identity,
         tunnel,
-        kubelet_lease: !tunnel && local_lease.is_some_and(|l| l.handles(info)),
         local: cache.is_some() && offline,
         cache,
         filter: if tunnel {
@@ -105,7 +102,7 @@ mod tests {
 
     /// The route of a GET of `url` with `headers`, on a hub without edge mode or filters.
     fn bare(url: &str, headers: &HeaderMap) -> Route {
-        decide(&info(url), headers, None, None, None, None)
+        decide(&info(url), headers, None, None, None)
     }
 
     #[test]
@@ -127,15 +124,14 @@ mod tests {
     fn a_secure_caller_is_never_kubelet_and_unverified_it_is_not_answered_locally() {
         let mut route = bare("/api/v1/pods", &HeaderMap::new());
         route.local = true;
-        route.kubelet_lease = true;
-        route.kubelet_status = true;
+        route.kubelet = Some(KubeletRequest::Lease);
         let caller = |token| SecureCaller {
             token,
             partition: "sa".into(),
         };
         let verified = route.clone().for_secure_caller(caller([1; 32]), true);
         assert!(verified.local && verified.cache_may_answer);
-        assert!(!verified.kubelet_lease && !verified.kubelet_status);
+        assert_eq!(verified.kubelet, None);
         assert_eq!(verified.token, Some([1; 32]));
         let stranger = route.for_secure_caller(caller([2; 32]), false);
         assert!(!stranger.local && !stranger.cache_may_answer);

@@ -103,6 +103,11 @@ impl Edge {
         }
     }
 
+    /// The cache writer, for what is kept besides responses (kubelet's tokens).
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
     pub fn health(&self) -> &Arc<ServerStates> {
         &self.health
     }

@@ -408,7 +408,7 @@ pub async fn discovery(
     )))
 }
 
-fn split_document(doc: &[u8]) -> Option<(&str, &[u8])> {
+pub(crate) fn split_document(doc: &[u8]) -> Option<(&str, &[u8])> {
     let newline = doc.iter().position(|&b| b == b'\n')?;
     let content_type = std::str::from_utf8(&doc[..newline]).ok()?;
     Some((content_type, &doc[newline + 1..]))

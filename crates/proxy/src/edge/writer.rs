@@ -51,6 +51,13 @@ pub enum CacheOp {
         content_type: String,
         body: Chunks,
     },
+    /// A document kept as it came, in any encoding, checked by its sender (a TokenRequest
+    /// answer, see `crate::autonomy::tokens`).
+    Verbatim {
+        name: String,
+        content_type: String,
+        body: Bytes,
+    },
 }
 
 /// A whole body as it arrived, chunk by chunk: the tee hands the chunks over uncopied and the
@@ -102,6 +109,7 @@ impl CacheOp {
             CacheOp::Events { .. } => "event",
             CacheOp::InitialEvents { .. } => "streamed_list",
             CacheOp::Document { .. } => "document",
+            CacheOp::Verbatim { .. } => "verbatim",
         }
     }
 }
@@ -468,6 +476,14 @@ fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> 
             content_type,
             body,
         } => apply_document(store, &name, &content_type, &body.joined()),
+        CacheOp::Verbatim {
+            name,
+            content_type,
+            body,
+        } => store
+            .put_document(&name, &offline::discovery_document(&content_type, &body))
+            .map(|()| "stored")
+            .map_err(ApplyError::from),
     };
     vec![applied]
 }

@@ -7,40 +7,76 @@
 //! apiserver would) and stores the body with the next version, POST creates it (409
 //! AlreadyExists when present). Every such request is the evidence that kubelet is alive
 //! ([`KubeletCalls`]); the cloud's lease is renewed by the heartbeat, never by these requests.
+//!
+//! kubelet writes its lease in protobuf and prefers protobuf back ([`crate::objects`]); JSON
+//! works the same. The copy is kept in the edge cache too ([`LocalLease::restore`]), so a hub
+//! restarted while the cloud is away answers kubelet's first GET with the lease and versions it
+//! had, instead of a 404 that sends kubelet to re-create it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::Bytes;
-use http::{Method, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http::{HeaderMap, Method, Response, StatusCode};
+use outpost_cache::Store;
 use outpost_core::{RequestInfo, Status};
 use serde_json::{Value, json};
+use tracing::{debug, warn};
 
 use super::kubelet::KubeletCalls;
 use crate::body::ProxyBody;
-use crate::edge::offline::json_response;
 use crate::error::ProxyError;
+use crate::objects;
 
 const NAMESPACE: &str = "kube-node-lease";
 const GROUP: &str = "coordination.k8s.io";
 /// A lease is a few hundred bytes; anything near this is not one.
 const MAX_BODY: usize = 64 << 10;
+/// Where the local copy is kept in the edge cache.
+const DOCUMENT: &str = "local/kubelet-lease";
 
 /// The local copy and its resourceVersion counter.
 pub struct LocalLease {
     node: String,
     calls: Arc<KubeletCalls>,
     state: Mutex<Option<(Value, u64)>>,
+    /// Edge mode's cache, where the copy outlives a restart.
+    store: Option<Arc<dyn Store>>,
 }
 
 impl LocalLease {
-    pub fn new(node: &str, calls: Arc<KubeletCalls>) -> LocalLease {
+    pub fn new(node: &str, calls: Arc<KubeletCalls>, store: Option<Arc<dyn Store>>) -> LocalLease {
         LocalLease {
             node: node.to_owned(),
             calls,
             state: Mutex::new(None),
+            store,
         }
+    }
+
+    /// Takes up the copy kept before a restart, if any.
+    pub async fn restore(&self) {
+        let Some(store) = &self.store else { return };
+        let kept = match crate::edge::offline::blocking(store, |s| s.get_document(DOCUMENT)).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                warn!(error = %e, "cannot read the kept kubelet lease; kubelet will re-create it");
+                return;
+            }
+        };
+        let Some(lease) = kept.and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+        else {
+            return;
+        };
+        if lease["metadata"]["name"].as_str() != Some(self.node.as_str()) {
+            return;
+        }
+        let rv = resource_version(&lease);
+        debug!(
+            resource_version = rv,
+            "kubelet's lease restored from the edge cache"
+        );
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.get_or_insert((lease, rv));
     }
 
     /// kubelet's requests for its own lease (GET / PUT / POST).
@@ -65,49 +101,61 @@ impl LocalLease {
             .is_none()
     }
 
-    /// Takes the cloud's lease as the local copy; local versions continue from its number.
-    pub fn seed(&self, lease: &[u8]) {
+    /// Takes the cloud's lease (its answer to kubelet's GET, in whatever encoding it came) as
+    /// the local copy; local versions continue from its number.
+    pub async fn seed(&self, content_type: Option<&str>, lease: &[u8]) {
         self.calls.record(Instant::now());
-        let Ok(lease) = serde_json::from_slice::<Value>(lease) else {
+        let Ok(lease) = objects::parse(content_type, lease) else {
             return;
         };
         if lease["metadata"]["name"].as_str() != Some(self.node.as_str()) {
             return;
         }
-        let rv = lease["metadata"]["resourceVersion"]
-            .as_str()
-            .and_then(|rv| rv.parse().ok())
-            .unwrap_or(0);
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.is_none() {
-            *state = Some((lease, rv));
+        let rv = resource_version(&lease);
+        let seeded = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.is_none().then(|| {
+                *state = Some((lease.clone(), rv));
+                lease
+            })
+        };
+        if let Some(lease) = seeded {
+            self.keep(&lease).await;
         }
     }
 
     /// Answers one of kubelet's lease requests and records that kubelet called.
-    pub async fn serve<B>(
+    pub async fn serve(
         &self,
         method: &Method,
-        body: B,
-    ) -> Result<Response<ProxyBody>, ProxyError>
-    where
-        B: http_body::Body<Data = Bytes> + Send,
-        B::Error: Into<crate::body::BoxError>,
-    {
+        headers: &HeaderMap,
+        body: ProxyBody,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
         self.calls.record(Instant::now());
         let (status, value) = match *method {
             Method::GET => self.get()?,
-            Method::PUT => self.put(read_lease(body).await?)?,
-            Method::POST => self.create(read_lease(body).await?)?,
+            Method::PUT => self.put(read_lease(headers, body).await?)?,
+            Method::POST => self.create(read_lease(headers, body).await?)?,
             _ => return Err(ProxyError::InvalidRequest(format!("{method} on a lease"))),
         };
-        let mut resp = json_response(value.to_string(), "application/json");
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            "x-outpost-served-from",
-            http::HeaderValue::from_static("local-lease"),
-        );
-        Ok(resp)
+        if *method != Method::GET {
+            self.keep(&value).await;
+        }
+        let encoding = objects::encoding_for(headers);
+        Ok(objects::answer(status, &value, encoding, "local-lease"))
+    }
+
+    /// Keeps the copy in the edge cache; a failure only costs the copy after a restart.
+    async fn keep(&self, lease: &Value) {
+        let Some(store) = &self.store else { return };
+        let bytes = lease.to_string();
+        let kept = crate::edge::offline::blocking(store, move |s| {
+            s.put_document(DOCUMENT, bytes.as_bytes())
+        })
+        .await;
+        if let Err(e) = kept {
+            debug!(error = %e, "kubelet's lease not kept in the edge cache");
+        }
     }
 
     fn get(&self) -> Result<(StatusCode, Value), ProxyError> {
@@ -168,24 +216,28 @@ impl LocalLease {
     }
 }
 
-async fn read_lease<B>(body: B) -> Result<Value, ProxyError>
-where
-    B: http_body::Body<Data = Bytes> + Send,
-    B::Error: Into<crate::body::BoxError>,
-{
-    let bytes = Limited::new(body, MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| ProxyError::InvalidRequest(format!("lease body: {e}")))?
-        .to_bytes();
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ProxyError::InvalidRequest(format!("lease body is not JSON: {e}")))
+fn resource_version(lease: &Value) -> u64 {
+    lease["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn read_lease(headers: &HeaderMap, body: ProxyBody) -> Result<Value, ProxyError> {
+    let read = objects::read_request(headers, body, MAX_BODY).await?;
+    match read.object["kind"].as_str() {
+        Some("Lease") | None => Ok(read.object),
+        Some(other) => Err(ProxyError::Local(Status::bad_request(format!(
+            "the body is a {other}, not a Lease"
+        )))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::Method;
+    use http_body_util::BodyExt;
 
     const UA: &str = "kubelet/v1.32.0 (linux/amd64) kubernetes/x";
 
@@ -193,17 +245,17 @@ mod tests {
         RequestInfo::classify(&method, path, Some(UA)).unwrap()
     }
 
-    fn lease_body(rv: Option<&str>) -> http_body_util::Full<Bytes> {
+    fn lease_body(rv: Option<&str>) -> ProxyBody {
         let mut lease = json!({"apiVersion":"coordination.k8s.io/v1","kind":"Lease",
             "metadata":{"name":"edge-1","namespace":"kube-node-lease"},"spec":{"holderIdentity":"edge-1"}});
         if let Some(rv) = rv {
             lease["metadata"]["resourceVersion"] = json!(rv);
         }
-        http_body_util::Full::new(Bytes::from(lease.to_string()))
+        crate::body::full(lease.to_string())
     }
 
     async fn status(l: &LocalLease, m: Method, rv: Option<&str>) -> (u16, Value) {
-        match l.serve(&m, lease_body(rv)).await {
+        match l.serve(&m, &HeaderMap::new(), lease_body(rv)).await {
             Ok(resp) => {
                 let code = resp.status().as_u16();
                 let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -218,7 +270,7 @@ mod tests {
 
     #[test]
     fn only_kubelets_own_lease_is_local() {
-        let l = LocalLease::new("edge-1", Arc::default());
+        let l = LocalLease::new("edge-1", Arc::default(), None);
         let lease = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
         assert!(l.handles(&info(Method::GET, &format!("{lease}/edge-1"))));
         assert!(l.handles(&info(Method::PUT, &format!("{lease}/edge-1"))));
@@ -233,7 +285,7 @@ mod tests {
     #[tokio::test]
     async fn kubelets_lease_loop_sees_consistent_versions() {
         let calls = Arc::new(KubeletCalls::default());
-        let l = LocalLease::new("edge-1", calls.clone());
+        let l = LocalLease::new("edge-1", calls.clone(), None);
         assert_eq!(status(&l, Method::GET, None).await.0, 404);
         assert!(
             calls.last().is_some(),
@@ -258,15 +310,86 @@ mod tests {
 
     #[tokio::test]
     async fn a_seeded_lease_continues_the_clouds_versions() {
-        let l = LocalLease::new("edge-1", Arc::default());
+        let l = LocalLease::new("edge-1", Arc::default(), None);
         assert!(l.is_empty());
-        l.seed(br#"{"metadata":{"name":"edge-1","resourceVersion":"527"}}"#);
+        l.seed(
+            None,
+            br#"{"metadata":{"name":"edge-1","resourceVersion":"527"}}"#,
+        )
+        .await;
         assert!(!l.is_empty());
         let (code, updated) = status(&l, Method::PUT, Some("527")).await;
         assert_eq!(code, 200);
         assert_eq!(updated["metadata"]["resourceVersion"], "528");
-        let other = LocalLease::new("edge-1", Arc::default());
-        other.seed(br#"{"metadata":{"name":"edge-2","resourceVersion":"1"}}"#);
+        let other = LocalLease::new("edge-1", Arc::default(), None);
+        other
+            .seed(
+                None,
+                br#"{"metadata":{"name":"edge-2","resourceVersion":"1"}}"#,
+            )
+            .await;
         assert!(other.is_empty(), "another node's lease is never taken");
+    }
+
+    fn protobuf_headers() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(outpost_core::wire::PROTOBUF),
+        );
+        h.insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static("application/vnd.kubernetes.protobuf,application/json"),
+        );
+        h
+    }
+
+    /// kubelet's real bodies: a protobuf Lease in, a protobuf Lease back.
+    #[tokio::test]
+    async fn kubelets_protobuf_lease_loop_is_answered_in_protobuf() {
+        let l = LocalLease::new("edge-1", Arc::default(), None);
+        let lease = json!({"apiVersion":"coordination.k8s.io/v1","kind":"Lease",
+            "metadata":{"name":"edge-1","namespace":"kube-node-lease"},
+            "spec":{"holderIdentity":"edge-1","leaseDurationSeconds":40,
+                    "renewTime":"2026-11-26T10:00:00.123456Z"}});
+        let body = outpost_core::wire::protobuf::encode_object(&lease).unwrap();
+        let headers = protobuf_headers();
+        let resp = l
+            .serve(&Method::POST, &headers, crate::body::full(body))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 201);
+        assert_eq!(
+            resp.headers()[http::header::CONTENT_TYPE],
+            outpost_core::wire::PROTOBUF
+        );
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let created = outpost_core::wire::protobuf::decode_object(&bytes).unwrap();
+        assert_eq!(created["metadata"]["resourceVersion"], "1");
+        assert_eq!(created["spec"]["renewTime"], "2026-11-26T10:00:00.123456Z");
+        let garbage = l
+            .serve(
+                &Method::PUT,
+                &headers,
+                crate::body::full(bytes::Bytes::from_static(b"k8s\0\x0a\xff")),
+            )
+            .await;
+        assert_eq!(garbage.err().map(|e| e.into_status().code), Some(400));
+    }
+
+    /// A restarted hub answers from the copy it kept, with the versions it had.
+    #[tokio::test]
+    async fn the_lease_outlives_a_restart_in_the_edge_cache() {
+        let store: Arc<dyn Store> = Arc::new(outpost_cache::MemStore::new());
+        let before = LocalLease::new("edge-1", Arc::default(), Some(store.clone()));
+        before.restore().await;
+        assert_eq!(status(&before, Method::POST, None).await.0, 201);
+        assert_eq!(status(&before, Method::PUT, Some("1")).await.0, 200);
+        let after = LocalLease::new("edge-1", Arc::default(), Some(store));
+        after.restore().await;
+        let (code, got) = status(&after, Method::GET, None).await;
+        assert_eq!(code, 200);
+        assert_eq!(got["metadata"]["resourceVersion"], "2");
+        assert_eq!(status(&after, Method::PUT, Some("2")).await.0, 200);
     }
 }

@@ -14,7 +14,7 @@
 //! replaced, and `$`-directives (`$setElementOrder/...`, `$patch`, `$retainKeys`) are dropped.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::autonomy;
+use super::kubelet::KubeletCalls;
 use crate::body::{BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
@@ -42,14 +43,26 @@ pub struct NodeStatus {
     store: Arc<dyn Store>,
     /// The locally patched node not yet sent to the cloud.
     pending: Mutex<Option<Value>>,
+    /// kubelet's calls (its lease requests and these status patches): the evidence, read again
+    /// right before a replay, that kubelet is still there to stand behind what is replayed.
+    calls: Arc<KubeletCalls>,
+    /// `--kubelet-health-grace-period`: how long ago kubelet's last call may be.
+    grace: Duration,
 }
 
 impl NodeStatus {
-    pub fn new(node: &str, store: Arc<dyn Store>) -> NodeStatus {
+    pub fn new(
+        node: &str,
+        store: Arc<dyn Store>,
+        calls: Arc<KubeletCalls>,
+        grace: Duration,
+    ) -> NodeStatus {
         NodeStatus {
             node: node.to_owned(),
             store,
             pending: Mutex::new(None),
+            calls,
+            grace,
         }
     }
 
@@ -73,6 +86,7 @@ impl NodeStatus {
         B: http_body::Body<Data = Bytes> + Send,
         B::Error: Into<BoxError>,
     {
+        self.calls.record(Instant::now());
         let bytes = Limited::new(body, MAX_BODY)
             .collect()
             .await
@@ -123,18 +137,34 @@ impl NodeStatus {
             let Some(local) = pending else {
                 continue;
             };
+            // Read right before sending (lesson 001): a kubelet that died during the outage
+            // must not be reported as it last was (Ready) by the hub in its name.
+            let silent_for = self.calls.last().map(|at| at.elapsed());
+            if silent_for.is_none_or(|quiet| quiet > self.grace) {
+                warn!(
+                    silent_s = silent_for.map(|d| d.as_secs()),
+                    "kubelet has not called in within the grace period; its offline node status is not sent to the cloud"
+                );
+                self.drop_pending(&local);
+                continue;
+            }
             match self.replay(&upstream, &local).await {
                 Ok(sent) => {
                     info!(conditions = sent, "offline node status sent to the cloud");
-                    let mut guard = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-                    if guard.as_ref() == Some(&local) {
-                        *guard = None;
-                    }
+                    self.drop_pending(&local);
                 }
                 Err(e) => {
                     warn!(error = %e, "offline node status not sent; kubelet's next update will carry it")
                 }
             }
+        }
+    }
+
+    /// Forgets `sent` unless kubelet patched again meanwhile.
+    fn drop_pending(&self, sent: &Value) {
+        let mut guard = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref() == Some(sent) {
+            *guard = None;
         }
     }
 

@@ -1,0 +1,64 @@
+//! Node autonomy (edge mode): kubelet's requests the hub answers itself, so that a node whose
+//! cloud is away — even across a reboot — gets its pods running and keeps reporting.
+//!
+//! Reads are the cache's business ([`crate::edge`]). These are the requests a reboot sends that
+//! are not reads; [`Autonomy::classify`] picks them out at the route stage:
+//!
+//! - kubelet's own lease, always ([`crate::health::local_lease`]);
+//! - its node-status PATCH offline, replayed on return ([`crate::health::node_status`]);
+//! - its TokenRequests: online the cloud's answers are kept, offline they are answered from
+//!   them ([`tokens`]);
+//! - its registration offline: 409 AlreadyExists for the cached Node ([`registration`]).
+//!
+//! Anything kept offline is the node's own report, never cloud truth: the cloud's answers win
+//! once it is back.
+
+pub mod registration;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use outpost_core::RequestInfo;
+
+use crate::health::local_lease::LocalLease;
+use crate::health::node_status::NodeStatus;
+
+/// A request of kubelet's that the hub answers itself (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeletRequest {
+    Lease,
+    NodeStatus,
+    Token,
+    Registration,
+}
+
+/// Everything edge mode answers for kubelet.
+pub struct Autonomy {
+    pub lease: Option<LocalLease>,
+    pub node_status: Option<Arc<NodeStatus>>,
+    pub tokens: tokens::Tokens,
+    pub registration: registration::Registration,
+}
+
+impl Autonomy {
+    /// Which of kubelet's requests this is, if the hub answers it; `offline`: the cloud is
+    /// known to be unreachable.
+    pub fn classify(&self, info: &RequestInfo, offline: bool) -> Option<KubeletRequest> {
+        if self.lease.as_ref().is_some_and(|l| l.handles(info)) {
+            return Some(KubeletRequest::Lease);
+        }
+        if tokens::Tokens::handles(info) {
+            return Some(KubeletRequest::Token);
+        }
+        if !offline {
+            return None;
+        }
+        if self.node_status.as_ref().is_some_and(|n| n.handles(info)) {
+            Some(KubeletRequest::NodeStatus)
+        } else if registration::Registration::handles(info) {
+            Some(KubeletRequest::Registration)
+        } else {
+            None
+        }
+    }
+}
