@@ -180,6 +180,13 @@ pub(crate) fn document_key(name: &str) -> Vec<u8> {
     buf
 }
 
+/// The start every key of a document whose name begins with `prefix` shares.
+pub(crate) fn document_prefix(prefix: &str) -> Vec<u8> {
+    let mut buf = document_key(prefix);
+    buf.truncate(buf.len() - 2); // the segment's end (escape, terminator)
+    buf
+}
+
 pub(crate) fn decode_document_key(key: &[u8]) -> Option<String> {
     let mut rest = key.get(1..)?;
     let name = take_string(&mut rest)?;
@@ -267,6 +274,20 @@ mod tests {
             Some(("kube-system".into(), "coredns".into()))
         );
         assert!(describe(&event_key(&id, 7)).starts_with("event #7 of kubelet/pods.v1.core/*"));
+    }
+
+    #[test]
+    fn a_document_prefix_starts_exactly_the_names_that_start_with_it() {
+        let prefix = document_prefix("local/pod-status/");
+        for (name, under) in [
+            ("local/pod-status/ns/a", true),
+            ("local/pod-status/", true),
+            ("local/pod-status", false),
+            ("local/pod-statuses/x", false),
+            ("kinds/pods.v1.core", false),
+        ] {
+            assert_eq!(document_key(name).starts_with(&prefix), under, "{name}");
+        }
     }
 
     #[test]

@@ -125,6 +125,13 @@ pub trait Store: Send + Sync {
     /// The document stored under `name`; a corrupt one is quarantined and reported as `Ok(None)`.
     fn get_document(&self, name: &str) -> Result<Option<bytes::Bytes>, CacheError>;
 
+    /// Removes the document stored under `name`, if any.
+    fn delete_document(&self, name: &str) -> Result<(), CacheError>;
+
+    /// Every document whose name starts with `prefix`, in name order (what the hub keeps of its
+    /// own under one prefix, e.g. `local/`); corrupt ones are quarantined and left out.
+    fn documents(&self, prefix: &str) -> Result<Vec<(String, bytes::Bytes)>, CacheError>;
+
     /// Checks every entry (documents included); corrupt ones are quarantined and reported.
     fn verify(&self) -> Result<VerifyReport, CacheError>;
 

@@ -104,6 +104,14 @@ impl Store for MemStore {
         self.engine.get_document(name)
     }
 
+    fn delete_document(&self, name: &str) -> Result<(), CacheError> {
+        self.engine.delete_document(name)
+    }
+
+    fn documents(&self, prefix: &str) -> Result<Vec<(String, bytes::Bytes)>, CacheError> {
+        self.engine.documents(prefix)
+    }
+
     fn verify(&self) -> Result<VerifyReport, CacheError> {
         self.engine.verify()
     }

@@ -558,6 +558,14 @@ impl Store for SledStore {
         self.engine.get_document(name)
     }
 
+    fn delete_document(&self, name: &str) -> Result<(), CacheError> {
+        self.after_write(self.engine.delete_document(name), 0, false)
+    }
+
+    fn documents(&self, prefix: &str) -> Result<Vec<(String, bytes::Bytes)>, CacheError> {
+        self.engine.documents(prefix)
+    }
+
     fn verify(&self) -> Result<VerifyReport, CacheError> {
         self.engine.verify()
     }

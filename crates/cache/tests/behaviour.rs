@@ -811,6 +811,36 @@ fn documents_round_trip_and_the_last_write_wins(store: &dyn Store) {
     );
 }
 
+fn documents_are_listed_by_prefix_and_deleted_by_name(store: &dyn Store) {
+    for name in [
+        "local/pods/a/x",
+        "local/pods/b/y",
+        "local/podsx",
+        "kinds/pods.v1.core",
+    ] {
+        store.put_document(name, name.as_bytes()).expect("put");
+    }
+    let listed = |prefix: &str| -> Vec<String> {
+        store
+            .documents(prefix)
+            .expect("documents")
+            .into_iter()
+            .map(|(name, bytes)| {
+                assert_eq!(bytes, name.as_bytes());
+                name
+            })
+            .collect()
+    };
+    assert_eq!(listed("local/pods/"), ["local/pods/a/x", "local/pods/b/y"]);
+    store.delete_document("local/pods/a/x").expect("delete");
+    store
+        .delete_document("local/pods/none")
+        .expect("deleting nothing is fine");
+    assert_eq!(store.get_document("local/pods/a/x").expect("get"), None);
+    assert_eq!(listed("local/pods/"), ["local/pods/b/y"]);
+    assert_eq!(listed("local/"), ["local/pods/b/y", "local/podsx"]);
+}
+
 fn documents_are_verified_survive_compaction_and_stay_out_of_stats(store: &dyn Store) {
     let s = scope("kubelet", &pods(), None, "", "");
     store
@@ -1029,5 +1059,6 @@ suite!(
     stats_summarise_each_component_resource,
     verify_passes_a_healthy_cache,
     documents_round_trip_and_the_last_write_wins,
+    documents_are_listed_by_prefix_and_deleted_by_name,
     documents_are_verified_survive_compaction_and_stay_out_of_stats,
 );

@@ -343,6 +343,7 @@ impl Hub {
                 &metrics,
                 min_request_timeout,
                 &shutdown_rx,
+                edge.as_ref().map(|e| e.overlay().clone()),
             )
         });
         readiness.config = Some(cfg_watch.sync_state());
@@ -411,20 +412,58 @@ impl Hub {
                 .map(callers::VerifiedTokens::load)
                 .unwrap_or_default(),
         );
-        let autonomy = edge.as_ref().map(|edge| autonomy::Autonomy {
-            lease: local_lease,
-            node_status,
-            tokens: autonomy::tokens::Tokens::new(
-                edge.store().clone(),
-                edge.writer().clone(),
-                metrics.clone(),
-            ),
-            registration: autonomy::registration::Registration::new(
-                &config.node_name,
-                edge.store().clone(),
-                metrics.clone(),
-            ),
-        });
+        let kept_offline = match &edge {
+            Some(edge) => {
+                let pods = Arc::new(autonomy::pods::PodStatuses::new(
+                    edge.store().clone(),
+                    edge.overlay().clone(),
+                    metrics.clone(),
+                ));
+                pods.restore().await;
+                tasks.push((
+                    "pod status replay",
+                    tokio::spawn(pods.clone().replay_on_reconnect(
+                        upstream.clone(),
+                        edge.health().subscribe(),
+                        shutdown_rx.clone(),
+                    )),
+                ));
+                let events = Arc::new(autonomy::events::Events::new(
+                    edge.store().clone(),
+                    metrics.clone(),
+                ));
+                events.restore().await;
+                tasks.push((
+                    "event replay",
+                    tokio::spawn(events.clone().replay_on_reconnect(
+                        upstream.clone(),
+                        edge.health().subscribe(),
+                        shutdown_rx.clone(),
+                    )),
+                ));
+                Some((pods, events))
+            }
+            None => None,
+        };
+        let autonomy = edge
+            .as_ref()
+            .zip(kept_offline)
+            .map(|(edge, (pods, events))| autonomy::Autonomy {
+                pods,
+                events,
+                lease: local_lease,
+                node_status,
+                tokens: autonomy::tokens::Tokens::new(
+                    edge.store().clone(),
+                    edge.writer().clone(),
+                    metrics.clone(),
+                ),
+                registration: autonomy::registration::Registration::new(
+                    &config.node_name,
+                    edge.store().clone(),
+                    metrics.clone(),
+                ),
+            });
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),

@@ -10,15 +10,14 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body_util::BodyExt;
 use outpost_core::wire::{self, Encoding};
 use outpost_core::{Reason, Status};
-use serde_json::Value;
+use serde_json::{Map, Value, json};
 
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 
-/// A request body the hub reads: its bytes as sent (kept for a replay) and the object.
+/// A request body the hub reads: its bytes as sent (to send them on unchanged) and the object.
 pub struct RequestObject {
     pub bytes: Bytes,
-    pub content_type: Option<String>,
     pub object: Value,
 }
 
@@ -33,14 +32,9 @@ pub async fn read_request(
     let bytes = read_bytes(body, limit).await?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let object = parse(content_type.as_deref(), &bytes)?;
-    Ok(RequestObject {
-        bytes,
-        content_type,
-        object,
-    })
+        .and_then(|v| v.to_str().ok());
+    let object = parse(content_type, &bytes)?;
+    Ok(RequestObject { bytes, object })
 }
 
 /// A body of at most `limit` bytes, whole. (Read frame by frame rather than through
@@ -111,6 +105,73 @@ pub fn answer(
         HeaderValue::from_static(served_from),
     );
     resp
+}
+
+/// Applies a strategic merge patch, the subset kubelet's status patches use: maps merge,
+/// `null` deletes, a list whose `merge_key` is known merges item by item on that key (an item
+/// with `$patch: delete` removes its match), other lists are replaced, and the other
+/// `$`-directives (`$setElementOrder/…`, `$retainKeys`) are dropped.
+pub fn strategic_merge(
+    target: &mut Value,
+    patch: &Value,
+    merge_key: fn(&str) -> Option<&'static str>,
+) {
+    let Some(patch) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let target = target.as_object_mut().expect("made an object above");
+    for (key, value) in patch {
+        if key.starts_with('$') {
+            continue;
+        }
+        match (value, merge_key(key)) {
+            (Value::Null, _) => {
+                target.shift_remove(key);
+            }
+            (Value::Array(items), Some(by)) => {
+                let list = target.entry(key.clone()).or_insert_with(|| json!([]));
+                merge_by_key(list, items, by, merge_key);
+            }
+            (Value::Object(_), _) => strategic_merge(
+                target.entry(key.clone()).or_insert(Value::Null),
+                value,
+                merge_key,
+            ),
+            (other, _) => {
+                target.insert(key.clone(), other.clone());
+            }
+        }
+    }
+}
+
+fn merge_by_key(
+    list: &mut Value,
+    items: &[Value],
+    by: &str,
+    merge_key: fn(&str) -> Option<&'static str>,
+) {
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    let list = list.as_array_mut().expect("made an array above");
+    for item in items {
+        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
+            list.retain(|existing| existing[by] != item[by]);
+            continue;
+        }
+        match list.iter_mut().find(|existing| existing[by] == item[by]) {
+            Some(existing) => strategic_merge(existing, item, merge_key),
+            None => {
+                let mut fresh = Value::Null;
+                strategic_merge(&mut fresh, item, merge_key);
+                list.push(fresh);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,20 @@ impl Pipeline {
                 None => self.remote(route, info, req).await,
             },
             KubeletRequest::Token => self.token(&autonomy.tokens, route, info, req).await,
+            KubeletRequest::PodStatus => {
+                let (parts, body) = req.into_parts();
+                autonomy
+                    .pods
+                    .accept(info, &parts.headers, body::stream(body))
+                    .await
+            }
+            KubeletRequest::Event => {
+                let (parts, body) = req.into_parts();
+                autonomy
+                    .events
+                    .accept(info, &parts.headers, body::stream(body))
+                    .await
+            }
             KubeletRequest::Registration => {
                 let (parts, body) = req.into_parts();
                 autonomy

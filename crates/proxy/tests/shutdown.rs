@@ -71,6 +71,12 @@ impl Store for SlowStore {
     fn get_document(&self, name: &str) -> Result<Option<Bytes>, CacheError> {
         self.0.get_document(name)
     }
+    fn delete_document(&self, name: &str) -> Result<(), CacheError> {
+        self.0.delete_document(name)
+    }
+    fn documents(&self, prefix: &str) -> Result<Vec<(String, Bytes)>, CacheError> {
+        self.0.documents(prefix)
+    }
     fn verify(&self) -> Result<VerifyReport, CacheError> {
         self.0.verify()
     }

@@ -43,4 +43,37 @@ impl<K: Kv> Engine<K> {
             }
         })
     }
+
+    /// Removes a document (absent already is fine).
+    pub(crate) fn delete_document(&self, name: &str) -> Result<(), CacheError> {
+        let key = keys::document_key(name);
+        self.write(|_| {
+            let mut batch = WriteBatch::default();
+            batch.remove(key);
+            Ok((batch, ()))
+        })
+    }
+
+    /// Every document whose name starts with `prefix`, by name; corrupt ones are quarantined
+    /// and left out.
+    pub(crate) fn documents(&self, prefix: &str) -> Result<Vec<(String, Bytes)>, CacheError> {
+        self.read(|kv, suspects| {
+            let mut found = Vec::new();
+            for entry in kv.scan(&keys::document_prefix(prefix)) {
+                let (key, raw) = entry?;
+                let Some(name) = keys::decode_document_key(&key) else {
+                    continue;
+                };
+                match record::decode_document(&raw) {
+                    Ok(bytes) => found.push((name, bytes)),
+                    Err(e) => suspects.push(Suspect {
+                        key,
+                        raw,
+                        reason: e.0,
+                    }),
+                }
+            }
+            Ok(found)
+        })
+    }
 }

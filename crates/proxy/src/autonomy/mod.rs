@@ -8,11 +8,17 @@
 //! - its node-status PATCH offline, replayed on return ([`crate::health::node_status`]);
 //! - its TokenRequests: online the cloud's answers are kept, offline they are answered from
 //!   them ([`tokens`]);
-//! - its registration offline: 409 AlreadyExists for the cached Node ([`registration`]).
+//! - its registration offline: 409 AlreadyExists for the cached Node ([`registration`]);
+//! - its pod-status PATCHes offline: kept, read back by offline readers (kubelet's pods, the
+//!   EndpointSlices kube-proxy and coredns read, with the pods' new IPs) and replayed on
+//!   return ([`pods`]);
+//! - its events offline: queued and sent on return ([`events`]).
 //!
 //! Anything kept offline is the node's own report, never cloud truth: the cloud's answers win
 //! once it is back.
 
+pub mod events;
+pub mod pods;
 pub mod registration;
 pub mod tokens;
 
@@ -30,6 +36,8 @@ pub enum KubeletRequest {
     NodeStatus,
     Token,
     Registration,
+    PodStatus,
+    Event,
 }
 
 /// Everything edge mode answers for kubelet.
@@ -38,6 +46,8 @@ pub struct Autonomy {
     pub node_status: Option<Arc<NodeStatus>>,
     pub tokens: tokens::Tokens,
     pub registration: registration::Registration,
+    pub pods: Arc<pods::PodStatuses>,
+    pub events: Arc<events::Events>,
 }
 
 impl Autonomy {
@@ -57,6 +67,10 @@ impl Autonomy {
             Some(KubeletRequest::NodeStatus)
         } else if registration::Registration::handles(info) {
             Some(KubeletRequest::Registration)
+        } else if pods::PodStatuses::handles(info) {
+            Some(KubeletRequest::PodStatus)
+        } else if events::Events::handles(info) {
+            Some(KubeletRequest::Event)
         } else {
             None
         }

@@ -16,6 +16,7 @@ pub mod kinds;
 pub mod lists;
 pub mod negotiate;
 pub mod offline;
+pub mod overlay;
 pub mod policy;
 pub mod tee;
 pub mod watch;
@@ -54,6 +55,8 @@ pub struct Edge {
     metrics: Metrics,
     /// `--min-request-timeout`: how long an offline watch without `timeoutSeconds` lasts (1x-2x).
     min_request_timeout: std::time::Duration,
+    /// The node's own reports (pod statuses) applied to what is served offline.
+    overlay: Arc<overlay::Overlay>,
 }
 
 impl Edge {
@@ -74,6 +77,7 @@ impl Edge {
             writer,
             metrics,
             min_request_timeout: watch::DEFAULT_MIN_REQUEST_TIMEOUT,
+            overlay: Arc::default(),
         })
     }
 
@@ -101,6 +105,11 @@ impl Edge {
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
             warn!(error = %e, "final cache flush failed");
         }
+    }
+
+    /// The node's own reports laid over offline answers ([`overlay`]).
+    pub fn overlay(&self) -> &Arc<overlay::Overlay> {
+        &self.overlay
     }
 
     /// The cache writer, for what is kept besides responses (kubelet's tokens).
@@ -224,12 +233,19 @@ impl Edge {
         headers: &HeaderMap,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         match plan {
-            CachePlan::Object { key } => offline::get(&self.store, key).await,
-            CachePlan::List { scope } => offline::list(&self.lists, &self.store, scope, info).await,
+            CachePlan::Object { key } => offline::get(&self.store, &self.overlay, key).await,
+            CachePlan::List { scope } => {
+                offline::list(&self.lists, &self.store, &self.overlay, scope, info).await
+            }
             CachePlan::Watch { scope, .. } => {
                 let online = self.health.subscribe();
                 let timeout = self.min_request_timeout;
-                watch::serve(&self.lists, &self.store, scope, info, online, timeout).await
+                let source = watch::Source {
+                    lists: &self.lists,
+                    store: &self.store,
+                    overlay: &self.overlay,
+                };
+                watch::serve(source, scope, info, online, timeout).await
             }
             CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
         }

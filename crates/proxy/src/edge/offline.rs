@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::kinds::{self, KindInfo};
 use super::lists::{ListMemo, Source};
+use super::overlay::Overlay;
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 
@@ -63,6 +64,7 @@ pub fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody
 /// does not know, and says so with a 503.
 pub async fn get(
     store: &Arc<dyn Store>,
+    overlay: &Overlay,
     key: ObjectKey,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let lookup_key = key.clone();
@@ -76,7 +78,13 @@ pub async fn get(
     })
     .await?;
     match lookup {
-        Lookup::Found(object) => Ok(json_response(object.bytes, "application/json")),
+        Lookup::Found(object) => {
+            let bytes = overlay.apply(&key.gvr, &object.bytes);
+            Ok(json_response(
+                bytes.unwrap_or(object.bytes),
+                "application/json",
+            ))
+        }
         Lookup::NotCached if known_absent => Err(ProxyError::NotCached {
             group: key.gvr.group,
             resource: key.gvr.resource,
@@ -117,6 +125,7 @@ fn covering_query(key: &ObjectKey) -> Option<Scope> {
 pub async fn list(
     lists: &ListMemo,
     store: &Arc<dyn Store>,
+    overlay: &Overlay,
     scope: Scope,
     info: &RequestInfo,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -129,14 +138,45 @@ pub async fn list(
         None => None,
         Some(token) => Some(ContinueToken::decode(token)?),
     };
+    let gvr = scope.gvr.clone();
     let (covered, source) = lists.covered(store, scope).await?;
-    let (result, kind) = (&covered.result, &covered.kind);
+    let overlaid = overlaid_items(overlay, &gvr, &covered.result);
+    let (result, kind) = match &overlaid {
+        Some(result) => (result, &covered.kind),
+        None => (&covered.result, &covered.kind),
+    };
     let page = Page::of(result, start.as_ref(), page_limit(info));
-    if source == Source::Memory && page.is_whole(result) {
+    if overlaid.is_none() && source == Source::Memory && page.is_whole(result) {
         let body = covered.whole_body(|l| list_chunks(&l.kind, &l.result, &page).concat().into());
         return Ok(json_response(body, "application/json"));
     }
     Ok(json_response_in_pieces(list_chunks(kind, result, &page)))
+}
+
+/// The list's items with the node's reports applied ([`Overlay`]), when they change any.
+fn overlaid_items(overlay: &Overlay, gvr: &Gvr, list: &ListResult) -> Option<ListResult> {
+    if overlay.is_empty() {
+        return None;
+    }
+    let mut changed = false;
+    let items = list
+        .items
+        .iter()
+        .map(|item| match overlay.apply(gvr, &item.bytes) {
+            Some(bytes) => {
+                changed = true;
+                CachedObject {
+                    bytes,
+                    ..item.clone()
+                }
+            }
+            None => item.clone(),
+        })
+        .collect();
+    changed.then(|| ListResult {
+        items,
+        ..list.clone()
+    })
 }
 
 /// The page size to honour. `resourceVersion=0` ("any version") is served whole, as the
@@ -451,7 +491,9 @@ mod tests {
             RequestInfo::classify(&http::Method::GET, &format!("/api/v1/pods?{query}"), None)
                 .unwrap();
         let scope = Scope::unfiltered("kubelet", &Gvr::new("", "v1", "pods"), None);
-        let resp = list(memo, store, scope, &info).await.unwrap();
+        let resp = list(memo, store, &Overlay::default(), scope, &info)
+            .await
+            .unwrap();
         let length = http_body::Body::size_hint(resp.body()).exact();
         (length, resp.into_body().collect().await.unwrap().to_bytes())
     }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use outpost_cache::{CacheError, Event, ReplayError, Scope, Store};
+use outpost_cache::{CacheError, ReplayError, Scope, Store};
 use outpost_core::{RequestInfo, Status};
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -26,6 +26,7 @@ use tokio::sync::{mpsc, watch};
 use super::kinds::KindInfo;
 use super::lists::ListMemo;
 use super::offline::{self, blocking, resolve_kind};
+use super::overlay::{Overlay, Sent};
 use crate::body::{BoxError, ProxyBody};
 use crate::error::ProxyError;
 
@@ -45,19 +46,32 @@ struct Start {
     expired: bool,
 }
 
+/// Where an offline watch reads from: the cache (through the list memo) and the node's own
+/// reports laid over it.
+pub struct Source<'a> {
+    pub lists: &'a ListMemo,
+    pub store: &'a Arc<dyn Store>,
+    pub overlay: &'a Arc<Overlay>,
+}
+
 /// Serves an offline WATCH of `scope`; `online` ends it when the cloud is back.
 pub async fn serve(
-    lists: &ListMemo,
-    store: &Arc<dyn Store>,
+    source: Source<'_>,
     scope: Scope,
     info: &RequestInfo,
     online: watch::Receiver<bool>,
     min_request_timeout: Duration,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let Source {
+        lists,
+        store,
+        overlay,
+    } = source;
     let q = &info.query;
     let from = q.resource_version.clone().filter(|rv| rv != "0");
     let initial_events = q.send_initial_events.unwrap_or(from.is_none());
     let kind;
+    let mut reported = Reported::new(overlay.clone(), store.clone(), scope.clone());
     let start = if initial_events {
         let (covered, _) = lists.covered(store, scope.clone()).await?;
         let list = &covered.result;
@@ -66,7 +80,7 @@ pub async fn serve(
         let mut lines: Vec<Bytes> = list
             .items
             .iter()
-            .map(|o| event_line("ADDED", &o.bytes))
+            .map(|o| event_line("ADDED", &reported.overlaid(&o.bytes)))
             .collect();
         if q.send_initial_events == Some(true) && q.allow_watch_bookmarks {
             lines.push(bookmark(&kind, &rv, true));
@@ -79,13 +93,72 @@ pub async fn serve(
     } else {
         let from = from.unwrap_or_default();
         kind = resolve_kind(store, &scope.gvr, None).await?;
-        replay(store, scope, from).await?
+        replay(store, scope, from, &mut reported).await?
     };
     let timeout = watch_timeout(info, min_request_timeout);
     let (tx, rx) = mpsc::channel(64);
     let bookmarks = q.allow_watch_bookmarks;
-    tokio::spawn(stream(start, kind, bookmarks, timeout, online, tx));
+    tokio::spawn(stream(
+        start, kind, bookmarks, timeout, online, reported, tx,
+    ));
     Ok(streamed(rx))
+}
+
+/// An offline watch's view of the node's reports ([`Overlay`]): what it sent, and where to
+/// read its scope again when they change.
+struct Reported {
+    sent: Sent,
+    store: Arc<dyn Store>,
+    scope: Scope,
+    /// Until the reports are gone (the hub stops).
+    open: bool,
+}
+
+impl Reported {
+    fn new(overlay: Arc<Overlay>, store: Arc<dyn Store>, scope: Scope) -> Reported {
+        Reported {
+            sent: Sent::new(overlay, scope.gvr.clone()),
+            store,
+            scope,
+            open: true,
+        }
+    }
+
+    fn overlaid(&mut self, object: &Bytes) -> Bytes {
+        match object_name(object) {
+            Some(key) => self.sent.overlaid(key, object),
+            None => object.clone(),
+        }
+    }
+
+    /// The MODIFIED lines a change of the reports makes for this watch's scope.
+    async fn modified(&mut self) -> Vec<Bytes> {
+        let scope = self.scope.clone();
+        let Ok(Some(list)) = blocking(&self.store, move |s| s.list(&scope)).await else {
+            return Vec::new();
+        };
+        let objects = list
+            .items
+            .iter()
+            .filter_map(|item| Some((object_name(&item.bytes)?, &item.bytes)));
+        self.sent.modified(objects)
+    }
+}
+
+/// (namespace, name) of an object.
+pub(crate) fn object_name(object: &[u8]) -> Option<(String, String)> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        metadata: Meta,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        namespace: String,
+        name: String,
+    }
+    let head: Head = serde_json::from_slice(object).ok()?;
+    Some((head.metadata.namespace, head.metadata.name))
 }
 
 /// How long a watch served by the hub lasts: `timeoutSeconds`, or 1x-2x `min_request_timeout`.
@@ -105,7 +178,12 @@ pub(crate) fn streamed(lines: mpsc::Receiver<Bytes>) -> Response<ProxyBody> {
     offline::cache_response(StreamBody::new(frames).boxed(), "application/json")
 }
 
-async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<Start, ProxyError> {
+async fn replay(
+    store: &Arc<dyn Store>,
+    scope: Scope,
+    from: String,
+    reported: &mut Reported,
+) -> Result<Start, ProxyError> {
     let since = from.clone();
     let replayed = blocking(store, move |s| match s.events_since(&scope, &since) {
         Ok(events) => Ok(Ok(events)),
@@ -118,7 +196,10 @@ async fn replay(store: &Arc<dyn Store>, scope: Scope, from: String) -> Result<St
             resource_version: events
                 .last()
                 .map_or(from, |e| e.resource_version.as_str().to_owned()),
-            lines: events.iter().map(replayed_line).collect(),
+            lines: events
+                .iter()
+                .map(|e| event_line(e.event_type.as_str(), &reported.overlaid(&e.object)))
+                .collect(),
             expired: false,
         },
         Err(too_old) => Start {
@@ -135,6 +216,7 @@ async fn stream(
     bookmarks: bool,
     timeout: Duration,
     mut online: watch::Receiver<bool>,
+    mut reported: Reported,
     tx: mpsc::Sender<Bytes>,
 ) {
     for line in start.lines {
@@ -153,6 +235,17 @@ async fn stream(
             _ = &mut deadline => return,
             () = until_online(&mut online) => return,
             _ = tx.closed() => return,
+            changed = reported.sent.changes.changed(), if reported.open => {
+                if changed.is_err() {
+                    reported.open = false;
+                    continue;
+                }
+                for line in reported.modified().await {
+                    if tx.send(line).await.is_err() {
+                        return;
+                    }
+                }
+            }
             _ = tick.tick(), if bookmarks => {
                 if tx.send(bookmark(&kind, &start.resource_version, false)).await.is_err() {
                     return;
@@ -185,10 +278,6 @@ pub(crate) fn event_line(event_type: &str, object: &[u8]) -> Bytes {
     line.extend_from_slice(object);
     line.extend_from_slice(b"}\n");
     Bytes::from(line)
-}
-
-fn replayed_line(event: &Event) -> Bytes {
-    event_line(event.event_type.as_str(), &event.object)
 }
 
 /// A BOOKMARK as kube-apiserver sends it: only kind, apiVersion and resourceVersion.

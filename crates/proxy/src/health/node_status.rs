@@ -21,7 +21,7 @@ use http::{Method, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use outpost_cache::{Gvr, Lookup, ObjectKey, Store};
 use outpost_core::{RequestInfo, Verb};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -30,6 +30,7 @@ use super::kubelet::KubeletCalls;
 use crate::body::{BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
+use crate::objects;
 use crate::upstream::{OwnCall, Server, Upstream};
 
 const MAX_BODY: usize = 1 << 20;
@@ -289,58 +290,12 @@ fn newer_conditions(cloud: &Value, local: &Value) -> (Vec<Value>, usize) {
 
 /// The strategic-merge-patch subset described in the module doc.
 pub fn strategic_merge(target: &mut Value, patch: &Value) {
-    let Some(patch) = patch.as_object() else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    let target = target.as_object_mut().expect("made an object above");
-    for (key, value) in patch {
-        if key.starts_with('$') {
-            continue;
-        }
-        match value {
-            Value::Null => {
-                target.shift_remove(key);
-            }
-            Value::Array(items) if MERGED_BY_TYPE.contains(&key.as_str()) => {
-                let list = target.entry(key.clone()).or_insert_with(|| json!([]));
-                merge_by_type(list, items);
-            }
-            Value::Object(_) => {
-                strategic_merge(target.entry(key.clone()).or_insert(Value::Null), value)
-            }
-            other => {
-                target.insert(key.clone(), other.clone());
-            }
-        }
-    }
+    objects::strategic_merge(target, patch, node_merge_key);
 }
 
-fn merge_by_type(list: &mut Value, items: &[Value]) {
-    if !list.is_array() {
-        *list = json!([]);
-    }
-    let list = list.as_array_mut().expect("made an array above");
-    for item in items {
-        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
-            list.retain(|existing| existing["type"] != item["type"]);
-            continue;
-        }
-        match list
-            .iter_mut()
-            .find(|existing| existing["type"] == item["type"])
-        {
-            Some(existing) => strategic_merge(existing, item),
-            None => {
-                let mut fresh = Value::Null;
-                strategic_merge(&mut fresh, item);
-                list.push(fresh);
-            }
-        }
-    }
+/// A node status list's `patchMergeKey`.
+fn node_merge_key(list: &str) -> Option<&'static str> {
+    MERGED_BY_TYPE.contains(&list).then_some("type")
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ use tracing::info;
 use crate::body::ProxyBody;
 use crate::callers::{SecureCaller, TokenDigest};
 use crate::edge::negotiate;
+use crate::edge::overlay::{Overlay, Sent};
 use crate::health::ServerStates;
 use crate::metrics::Metrics;
 use crate::reflector::Reflector;
@@ -108,6 +109,8 @@ pub struct Multiplexer {
     metrics: Metrics,
     min_request_timeout: Duration,
     shutdown: watch::Receiver<bool>,
+    /// Edge mode: the node's own reports (its pods' new IPs), laid over offline answers.
+    overlay: Option<Arc<Overlay>>,
 }
 
 /// One pool-scope resource: its store, and until the first read of it, its idle feed.
@@ -128,6 +131,7 @@ impl Multiplexer {
         metrics: &Metrics,
         min_request_timeout: Duration,
         shutdown: &watch::Receiver<bool>,
+        overlay: Option<Arc<Overlay>>,
     ) -> Arc<Multiplexer> {
         let resources: Vec<Resource> = resources
             .iter()
@@ -156,6 +160,7 @@ impl Multiplexer {
             metrics: metrics.clone(),
             min_request_timeout,
             shutdown: shutdown.clone(),
+            overlay,
         })
     }
 
@@ -185,6 +190,7 @@ impl Multiplexer {
         });
         Some(SharedRead {
             multiplexer: self,
+            gvr: &resource.gvr,
             shared,
             selection: Selection {
                 namespace: Some(info.namespace.clone()).filter(|ns| !ns.is_empty()),
@@ -207,6 +213,7 @@ impl Multiplexer {
 /// A read of a pool-scope resource.
 pub struct SharedRead<'a> {
     multiplexer: &'a Multiplexer,
+    gvr: &'a Gvr,
     shared: &'a Arc<Shared>,
     selection: Selection,
     /// For a caller with a bearer token: what must have been granted.
@@ -221,11 +228,17 @@ impl SharedRead<'_> {
             return None;
         }
         let offline = !mux.states.is_online();
+        // Offline, readers see the node's own reports (its pods' new IPs) over the store.
+        let sent = mux
+            .overlay
+            .clone()
+            .filter(|_| offline)
+            .map(|overlay| Sent::new(overlay, self.gvr.clone()));
         let resp = match info.verb {
             Verb::List => {
                 let not_older_than = serve::list_from(info)?;
                 let snapshot = self.shared.list(&self.selection, not_older_than, offline)?;
-                serve::list_response(snapshot)
+                serve::list_response(snapshot, sent)
             }
             _ => {
                 let from = serve::watch_from(info)?;
@@ -235,7 +248,7 @@ impl SharedRead<'_> {
                     opened,
                     self.selection.clone(),
                     info,
-                    mux.states.subscribe(),
+                    (mux.states.subscribe(), sent),
                     mux.min_request_timeout,
                 )
             }

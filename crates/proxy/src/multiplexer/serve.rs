@@ -12,9 +12,10 @@ use http::header::HeaderValue;
 use outpost_core::RequestInfo;
 use tokio::sync::{broadcast, mpsc, watch};
 
-use super::store::{OpenedWatch, Selection, Shared, Snapshot, WatchFrom};
+use super::store::{Item, OpenedWatch, Selection, Shared, Snapshot, WatchFrom};
 use crate::body::ProxyBody;
 use crate::edge::offline;
+use crate::edge::overlay::Sent;
 use crate::edge::watch::{bookmark, bookmark_ticks, event_line, streamed, watch_timeout};
 
 /// The `x-outpost-served-from` mark of these answers.
@@ -52,8 +53,9 @@ pub fn watch_from(info: &RequestInfo) -> Option<WatchFrom> {
     })
 }
 
-/// A LIST body: the items as stored, in key order, as one response in pieces.
-pub fn list_response(snapshot: Snapshot) -> Response<ProxyBody> {
+/// A LIST body: the items as stored (with the node's reports, offline), in key order, as one
+/// response in pieces.
+pub fn list_response(snapshot: Snapshot, mut reports: Option<Sent>) -> Response<ProxyBody> {
     let head = serde_json::json!({
         "kind": snapshot.kind.list_kind(),
         "apiVersion": snapshot.kind.api_version,
@@ -69,19 +71,27 @@ pub fn list_response(snapshot: Snapshot) -> Response<ProxyBody> {
         if i > 0 {
             chunks.push(Bytes::from_static(b","));
         }
-        chunks.push(item.bytes.clone());
+        chunks.push(match &mut reports {
+            Some(reports) => reports.overlaid(item_key(item), &item.bytes),
+            None => item.bytes.clone(),
+        });
     }
     chunks.push(Bytes::from_static(b"]}"));
     marked(offline::json_response_in_pieces(chunks))
 }
 
-/// A WATCH stream from an opened watch.
+fn item_key(item: &Item) -> (String, String) {
+    (item.namespace.clone(), item.name.clone())
+}
+
+/// A WATCH stream from an opened watch; `online` ends a watch served while the feed was
+/// interrupted, and with it come the node's reports it sees meanwhile.
 pub fn watch_response(
     shared: Arc<Shared>,
     opened: OpenedWatch,
     selection: Selection,
     info: &RequestInfo,
-    online: watch::Receiver<bool>,
+    (online, reports): (watch::Receiver<bool>, Option<Sent>),
     min_request_timeout: Duration,
 ) -> Response<ProxyBody> {
     let q = &info.query;
@@ -90,6 +100,7 @@ pub fn watch_response(
         selection,
         bookmarks: q.allow_watch_bookmarks,
         initial_events_end: q.allow_watch_bookmarks && q.send_initial_events == Some(true),
+        reports: reports.filter(|_| !opened.live),
     };
     let (tx, rx) = mpsc::channel(64);
     let timeout = watch_timeout(info, min_request_timeout);
@@ -108,11 +119,13 @@ struct Watcher {
     selection: Selection,
     bookmarks: bool,
     initial_events_end: bool,
+    /// Offline: the node's reports, as this watch sent them.
+    reports: Option<Sent>,
 }
 
 impl Watcher {
     async fn run(
-        self,
+        mut self,
         opened: OpenedWatch,
         timeout: Duration,
         mut online: watch::Receiver<bool>,
@@ -127,6 +140,10 @@ impl Watcher {
             live,
         } = opened;
         for (event, object) in initial {
+            let object = match (&mut self.reports, super::serve::object_key(&object)) {
+                (Some(reports), Some(key)) => reports.overlaid(key, &object),
+                _ => object,
+            };
             if tx.send(event_line(event, &object)).await.is_err() {
                 return;
             }
@@ -143,7 +160,7 @@ impl Watcher {
         tokio::pin!(deadline);
         let mut tick = bookmark_ticks();
         loop {
-            let line = tokio::select! {
+            let lines = tokio::select! {
                 _ = &mut deadline => return,
                 _ = tx.closed() => return,
                 _ = breaks.changed() => return,
@@ -156,26 +173,68 @@ impl Watcher {
                             continue;
                         };
                         sent_rv = change.rv();
-                        event_line(event, object)
+                        vec![event_line(event, object)]
                     }
                     // Too far behind (or the store is gone): the client resumes from what it saw.
                     Err(broadcast::error::RecvError::Lagged(_) | broadcast::error::RecvError::Closed) => return,
+                },
+                changed = changed_reports(&mut self.reports) => match changed {
+                    Ok(()) => self.reported_changes(),
+                    Err(_) => {
+                        self.reports = None;
+                        continue;
+                    }
                 },
                 _ = tick.tick(), if self.bookmarks => {
                     match self.shared.bookmark_version(&changes) {
                         Some(rv) if rv > sent_rv => {
                             sent_rv = rv;
-                            bookmark(&kind, &rv.to_string(), false)
+                            vec![bookmark(&kind, &rv.to_string(), false)]
                         }
                         _ => continue,
                     }
                 }
             };
-            if tx.send(line).await.is_err() {
-                return;
+            for line in lines {
+                if tx.send(line).await.is_err() {
+                    return;
+                }
             }
         }
     }
+}
+
+impl Watcher {
+    /// The MODIFIED lines a change of the node's reports makes for this watch's selection.
+    fn reported_changes(&mut self) -> Vec<Bytes> {
+        let Some(reports) = &mut self.reports else {
+            return Vec::new();
+        };
+        let Some(snapshot) = self.shared.list(&self.selection, 0, true) else {
+            return Vec::new();
+        };
+        reports.modified(
+            snapshot
+                .items
+                .iter()
+                .map(|item| (item_key(item), &item.bytes)),
+        )
+    }
+}
+
+/// Resolves when the reports change; never, when this watch has none.
+async fn changed_reports(
+    reports: &mut Option<Sent>,
+) -> Result<(), tokio::sync::watch::error::RecvError> {
+    match reports {
+        Some(reports) => reports.changes.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// (namespace, name) of an object's bytes.
+pub(crate) fn object_key(object: &[u8]) -> Option<(String, String)> {
+    crate::edge::watch::object_name(object)
 }
 
 #[cfg(test)]
