@@ -26,7 +26,8 @@
 //! - `store`: objects, global resourceVersion, event log, snapshots.
 //! - `query`: list options, validation, selectors, continue tokens.
 //! - `patch`: JSON, merge and strategic-merge(-like) patches.
-//! - `proto`: the Kubernetes protobuf bodies kubectl's generators send.
+//! - `protobuf`: Kubernetes protobuf request bodies and answers (kubelet's, client-go's), through
+//!   `outpost_core::wire`; lists and watches stay JSON.
 //! - `graph`: which objects a node reaches through its pods.
 //! - `seed`: the default cluster state (fixture pods plus an edge node).
 //! - `bootstrap`: kubeadm's bootstrap tokens and the signed `kube-public/cluster-info`
@@ -48,7 +49,7 @@ mod kubeconfig;
 pub mod manifest;
 mod patch;
 pub mod pki;
-mod proto;
+mod protobuf;
 mod query;
 mod rbac;
 mod registry;

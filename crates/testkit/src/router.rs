@@ -9,7 +9,6 @@ use http::request::Parts;
 use http::{Method, Request, Response, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use outpost_core::{Reason, Status};
 use rustls::pki_types::CertificateDer;
 
 use crate::authn::UserInfo;
@@ -22,7 +21,7 @@ use crate::rbac::StorePolicy;
 use crate::reply::{self, ApiError, Body, error_response, json_response, text_response};
 use crate::resources::{self, ResourceDef};
 use crate::state::{RequestRecord, Shared};
-use crate::{table, watch};
+use crate::{protobuf, table, watch};
 
 /// What the TLS layer learned about the peer, shared by all requests of a connection.
 pub struct ConnInfo {
@@ -207,6 +206,12 @@ pub async fn serve(
         }
         Err(status) => (UserInfo::anonymous(), error_response(&status.into())),
     };
+    let accept = header_str(&parts, header::ACCEPT);
+    let resp = if protobuf::wants_protobuf(&info, accept) {
+        protobuf::encode_answer(resp).await
+    } else {
+        resp
+    };
     shared.record(record(&parts, &info, &user, resp.status().as_u16()));
     if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
         && let Some(on_upgrade) = on_upgrade
@@ -307,7 +312,7 @@ async fn authorize_and_dispatch(
     if approval && matches!(info.verb.as_str(), "update" | "patch") {
         crate::csr::admit_approval(shared, &attrs)?;
     }
-    check_accept(parts)?;
+    protobuf::check_accept(info, header_str(parts, header::ACCEPT))?;
     resource(shared, info, user, parts, body).await
 }
 
@@ -334,25 +339,6 @@ fn admit(attrs: &Attributes<'_>, body: &[u8], graph: &StoreGraph<'_>) -> Result<
         ..*attrs
     };
     Err(authz::forbidden_for(&named, &message).into())
-}
-
-/// JSON is all the fake speaks; a client that accepts nothing JSON-compatible gets a 406.
-fn check_accept(parts: &Parts) -> Result<(), ApiError> {
-    let Some(accept) = header_str(parts, header::ACCEPT) else {
-        return Ok(());
-    };
-    let ok = accept.split(',').any(|item| {
-        let media = item.split(';').next().unwrap_or("").trim();
-        matches!(media, "application/json" | "application/*" | "*/*" | "")
-    });
-    if ok {
-        return Ok(());
-    }
-    Err(Status::new(
-        Reason::NotAcceptable,
-        "only the following media types are accepted: application/json",
-    )
-    .into())
 }
 
 fn non_resource(shared: &Shared, info: &Info, method: &Method) -> Result<Response<Body>, ApiError> {
@@ -535,8 +521,8 @@ fn create(
     }
 }
 
-/// Object bodies arrive as JSON or, from client-go's typed clients (kubectl's generators), as
-/// Kubernetes protobuf, which is converted here; YAML and other types are 415.
+/// Object bodies arrive as JSON or, from kubelet and client-go's typed clients (kubectl's
+/// generators), as Kubernetes protobuf, which is converted here; YAML and other types are 415.
 fn json_body(info: &Info, parts: &Parts, body: Bytes) -> Result<Bytes, ApiError> {
     if !matches!(
         info.verb.as_str(),
@@ -548,20 +534,11 @@ fn json_body(info: &Info, parts: &Parts, body: Bytes) -> Result<Bytes, ApiError>
     let media = content_type.split(';').next().unwrap_or("").trim();
     match media {
         "" | "application/json" | "*/*" => Ok(body),
-        "application/vnd.kubernetes.protobuf" => {
-            let obj = crate::proto::decode(&body).map_err(|e| unsupported_body(media, &e))?;
-            Ok(Bytes::from(obj.to_string()))
-        }
-        _ => Err(unsupported_body(media, "not decoded by the fake")),
+        // A DELETE without options.
+        _ if outpost_core::wire::is_protobuf(media) && body.is_empty() => Ok(body),
+        _ if outpost_core::wire::is_protobuf(media) => protobuf::decode_body(info, &body),
+        _ => Err(protobuf::unsupported_body(media, "not decoded by the fake")),
     }
-}
-
-fn unsupported_body(media: &str, why: &str) -> ApiError {
-    Status::new(
-        Reason::UnsupportedMediaType,
-        format!("the body of the request was in an unknown format - accepted media types include: application/json, application/vnd.kubernetes.protobuf ({media}: {why})"),
-    )
-    .into()
 }
 
 #[cfg(test)]
@@ -658,7 +635,8 @@ mod tests {
         assert!(json_body(&info, &req("application/json; charset=utf-8"), json.clone()).is_ok());
         let yaml = json_body(&info, &req("application/yaml"), json.clone()).unwrap_err();
         assert_eq!(yaml.status.code, 415);
+        // Not protobuf at all (no magic): 400, as kube-apiserver answers an undecodable object.
         let garbage = json_body(&info, &req("application/vnd.kubernetes.protobuf"), json);
-        assert_eq!(garbage.unwrap_err().status.code, 415);
+        assert_eq!(garbage.unwrap_err().status.code, 400);
     }
 }

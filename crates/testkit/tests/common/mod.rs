@@ -75,6 +75,8 @@ pub struct Raw {
     connector: TlsConnector,
     addr: std::net::SocketAddr,
     pub bearer: Option<String>,
+    /// The `Accept` header, if any.
+    pub accept: Option<String>,
 }
 
 fn tls_config(pki: &TestPki, identity: Option<(String, String)>) -> rustls::ClientConfig {
@@ -140,6 +142,7 @@ impl Raw {
             connector: TlsConnector::from(Arc::new(config)),
             addr: fake.addr(),
             bearer: None,
+            accept: None,
         }
     }
 
@@ -173,6 +176,9 @@ impl Raw {
         }
         if let Some(token) = &self.bearer {
             req = req.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(accept) = &self.accept {
+            req = req.header("accept", accept);
         }
         let req = req.body(Full::new(Bytes::from(body))).unwrap();
         sender.send_request(req).await.expect("response head")
