@@ -384,3 +384,194 @@ async fn a_kubelet_that_died_offline_is_not_reported_ready_on_reconnect() {
     let log = hub.log_text();
     assert!(log.contains("its offline node status is not sent"), "{log}");
 }
+
+const KUBE_PROXY: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/e2e";
+const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices";
+
+fn old_ip(i: usize) -> String {
+    format!("10.244.1.{}", 10 + i)
+}
+
+fn new_ip(i: usize) -> String {
+    format!("10.244.1.{}", 100 + i)
+}
+
+/// The addresses of the `web` EndpointSlice, endpoint by endpoint.
+fn slice_addresses(list: &Value) -> Vec<String> {
+    list["items"][0]["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["addresses"][0].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// kube-proxy's list of the slices, once the hub answers it from its shared cache.
+async fn kube_proxy_slices(hub: &HubProcess) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = support::get(hub.proxy, SLICES, KUBE_PROXY).await;
+        if resp.status == 200 && resp.header("x-outpost-served-from").is_some() {
+            return resp.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kube-proxy's slices never answered by the hub: {} {}",
+            resp.status,
+            String::from_utf8_lossy(&resp.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The story an edge proxy exists for: the node reboots while the link is down and its pods
+/// come back. kubelet's whole boot (issue 24's request list, protobuf bodies) is answered; its
+/// pods' new IPs reach kube-proxy's EndpointSlices (an open watch gets a MODIFIED); and once
+/// the cloud is back it has the node's and the pods' offline status and events, and nothing
+/// else, while kube-proxy's slices are the cloud's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_rebooted_offline_boots_its_pods_and_reports_back() {
+    use outpost_testkit::kubelet_boot::{self, Boot, Scenario};
+    let cluster = Cluster::start().await;
+    let pods = Scenario::create(&cluster.fake, NODE, 3, old_ip);
+    let hub = cluster.start_hub();
+    let online = kubelet_boot::replay(&Boot {
+        hub: hub.proxy,
+        node: NODE,
+        boot_id: "boot-1",
+        pod_ip: &old_ip,
+        now: "2026-11-26T10:00:00Z",
+    })
+    .await;
+    assert!(
+        online.unusable().is_empty(),
+        "online:\n{}",
+        online.summary()
+    );
+    assert_eq!(
+        slice_addresses(&kube_proxy_slices(&hub).await),
+        [old_ip(0), old_ip(1), old_ip(2)]
+    );
+    // Let the writer catch up with the last answers.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let hub = reboot_offline(&cluster, hub).await;
+    let proxy = support::kube_client(&hub, KUBE_PROXY);
+    let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        kube::Api::namespaced(proxy, "shop");
+    let watch = slices
+        .watch(&kube::api::WatchParams::default().timeout(60), "0")
+        .await
+        .expect("an offline watch of the slices");
+    let mut watch = Box::pin(watch);
+    let offline = kubelet_boot::replay(&Boot {
+        hub: hub.proxy,
+        node: NODE,
+        boot_id: "boot-2",
+        pod_ip: &new_ip,
+        now: "2026-11-26T11:00:00Z",
+    })
+    .await;
+    assert!(
+        offline.unusable().is_empty(),
+        "offline:\n{}",
+        offline.summary()
+    );
+    let token = offline.find("token web-0").expect("a token request");
+    assert_eq!(token.served_from.as_deref(), Some("edge-cache"));
+    assert_eq!(
+        slice_addresses(&kube_proxy_slices(&hub).await),
+        [new_ip(0), new_ip(1), new_ip(2)],
+        "kube-proxy routes to where the pods now are"
+    );
+    let moved = tokio::time::timeout(Duration::from_secs(10), async {
+        use futures_util::StreamExt;
+        while let Some(event) = watch.next().await {
+            if let Ok(kube::api::WatchEvent::Modified(slice)) = event {
+                let first = slice
+                    .endpoints
+                    .unwrap_or_default()
+                    .first()
+                    .map(|e| e.addresses[0].clone());
+                if first == Some(new_ip(0)) {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(moved, Ok(true), "the open watch sees the addresses move");
+
+    cluster.fake.clear_requests();
+    cluster.fake.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let node = cluster.fake.get("v1/nodes", None, NODE).unwrap();
+        let pod_ips: Vec<Value> = pods
+            .iter()
+            .map(|p| {
+                let name = p["metadata"]["name"].as_str().unwrap();
+                cluster.fake.get("v1/pods", Some("shop"), name).unwrap()["status"]["podIP"].clone()
+            })
+            .collect();
+        let events = cluster.fake.list("v1/events", Some("shop"));
+        let reported = ready_heartbeat(&node) == "2026-11-26T11:00:00Z"
+            && pod_ips == [json!(new_ip(0)), json!(new_ip(1)), json!(new_ip(2))]
+            && events
+                .iter()
+                .filter(|e| {
+                    e["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with(".boot-boot-2"))
+                })
+                .count()
+                == 3;
+        if reported {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cloud never got the offline status: node {node}\npods {pod_ips:?}\nevents {}",
+            events.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Nothing else was written in the node's name (besides the hub's own heartbeat, and the
+    // secure port's serving-certificate request, which waits for the cloud at every start).
+    let writes: Vec<String> = cluster
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| !matches!(r.verb.as_str(), "get" | "list" | "watch"))
+        .map(|r| {
+            format!(
+                "{} {} {}",
+                r.verb,
+                r.resource,
+                r.user_agent.as_deref().unwrap_or("")
+            )
+        })
+        .collect();
+    for write in &writes {
+        assert!(
+            write.starts_with("patch nodes outpost/node-status")
+                || write.starts_with("patch pods outpost/pod-status")
+                || write.starts_with("create events outpost/events")
+                || write.starts_with("update leases outpost/heartbeat")
+                || write.starts_with("create certificatesigningrequests outpost/certificates"),
+            "unexpected write after reconnect: {write}\nall: {writes:?}"
+        );
+    }
+    let back = kube_proxy_slices(&hub).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut back = back;
+    while slice_addresses(&back) != [old_ip(0), old_ip(1), old_ip(2)] {
+        assert!(
+            Instant::now() < deadline,
+            "the cloud's slice never came back: {back}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        back = kube_proxy_slices(&hub).await;
+    }
+}

@@ -46,6 +46,7 @@ pub mod full_node;
 mod graph;
 mod handlers;
 mod kubeconfig;
+pub mod kubelet_boot;
 pub mod manifest;
 mod patch;
 pub mod pki;

@@ -59,9 +59,9 @@ pub fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody
     resp
 }
 
-/// GET of one object. An object the cache lacks is `404 NotFound` only where a cached list
-/// covering it says it did not exist (as last seen from the cloud); otherwise the cache simply
-/// does not know, and says so with a 503.
+/// GET of one object. An object the cache lacks is `404 NotFound` only where the cache knows it
+/// did not exist, as last seen from the cloud: a GET of it was answered 404, or a cached list
+/// covering it did not hold it. Otherwise the cache simply does not know, and says so (503).
 pub async fn get(
     store: &Arc<dyn Store>,
     overlay: &Overlay,
@@ -70,10 +70,12 @@ pub async fn get(
     let lookup_key = key.clone();
     let (lookup, known_absent) = blocking(store, move |s| {
         let lookup = s.get(&lookup_key)?;
-        let known_absent = match (&lookup, covering_query(&lookup_key)) {
-            (Lookup::NotCached, Some(query)) => s.list(&query)?.is_some_and(|l| l.items.is_empty()),
-            _ => false,
-        };
+        let known_absent = matches!(lookup, Lookup::NotCached)
+            && (s.get_document(&absence_document(&lookup_key))?.is_some()
+                || match covering_query(&lookup_key) {
+                    Some(query) => s.list(&query)?.is_some_and(|l| l.items.is_empty()),
+                    None => false,
+                });
         Ok((lookup, known_absent))
     })
     .await?;
@@ -99,6 +101,15 @@ pub async fn get(
             key.gvr, key.name
         ))),
     }
+}
+
+/// Where the cache notes that the cloud answered a GET of `key` with 404.
+pub fn absence_document(key: &ObjectKey) -> String {
+    let gvr = &key.gvr;
+    format!(
+        "absent/{}/{}/{}/{}/{}/{}",
+        key.component, gvr.group, gvr.version, gvr.resource, key.namespace, key.name
+    )
 }
 
 /// The LIST that would hold `key`'s object (its namespace, `metadata.name=<name>`): a cached

@@ -455,12 +455,13 @@ type Applied = Result<&'static str, ApplyError>;
 /// One outcome per object the operation carried (one, or one per watch line).
 fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> Vec<Applied> {
     let applied = match op {
-        CacheOp::Object { key, body } => apply_object(store, &key, &body.joined(), kinds),
-        CacheOp::Gone { key } => match store.delete_object(&key) {
-            Ok(true) => Ok("deleted"),
-            Ok(false) => Ok("absent"),
-            Err(e) => Err(e.into()),
-        },
+        CacheOp::Object { key, body } => {
+            apply_object(store, &key, &body.joined(), kinds).and_then(|outcome| {
+                forget_absence(store, &key)?;
+                Ok(outcome)
+            })
+        }
+        CacheOp::Gone { key } => apply_gone(store, &key),
         CacheOp::List { scope, body } => apply_list(store, &scope, &body.joined(), kinds),
         CacheOp::InitialEvents { scope, lines } => {
             apply_streamed_list(store, &scope, &lines, kinds)
@@ -486,6 +487,23 @@ fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> 
             .map_err(ApplyError::from),
     };
     vec![applied]
+}
+
+/// A GET the cloud answered 404: the object goes, and its absence is noted, so that the cache
+/// may answer NotFound for it offline (see `offline::get`).
+fn apply_gone(store: &dyn Store, key: &ObjectKey) -> Applied {
+    let existed = store.delete_object(key)?;
+    store.put_document(&offline::absence_document(key), b"")?;
+    Ok(if existed { "deleted" } else { "absent" })
+}
+
+/// An object the cloud returned exists: a note of its absence goes.
+fn forget_absence(store: &dyn Store, key: &ObjectKey) -> Result<(), CacheError> {
+    let name = offline::absence_document(key);
+    if store.get_document(&name)?.is_some() {
+        store.delete_document(&name)?;
+    }
+    Ok(())
 }
 
 fn apply_document(store: &dyn Store, name: &str, content_type: &str, body: &[u8]) -> Applied {
