@@ -175,7 +175,7 @@ async fn kubelet_round(hub: &HubProcess, round: u32) {
         let resp = kubelet(hub, "POST", leases, Some(("application/json", new))).await;
         expect(resp, 201, "POST lease");
     } else {
-        let lease = expect(lease, 200, "GET lease").json();
+        let lease = expect(lease, 200, "GET lease").object();
         let put = Some(("application/json", lease));
         let resp = kubelet(hub, "PUT", &format!("{leases}/{NODE}"), put).await;
         expect(resp, 200, "PUT lease");
