@@ -273,6 +273,8 @@ async fn sigusr1_dumps_the_state_where_yurthub_writes_its_stacks_and_the_hub_ser
     let mut hub = cluster.start_hub();
     let node = support::get(hub.proxy, "/api/v1/nodes/edge-1", "kubelet/v1.32.4").await;
     assert_eq!(node.status, 200);
+    // A ready hub's dump (until its configuration is read, readiness says so).
+    support::until_ready(&hub, "readyz check passed").await;
     let dump = cluster
         .dir
         .path()

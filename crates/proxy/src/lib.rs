@@ -412,58 +412,22 @@ impl Hub {
                 .map(callers::VerifiedTokens::load)
                 .unwrap_or_default(),
         );
-        let kept_offline = match &edge {
+        let autonomy = match &edge {
             Some(edge) => {
-                let pods = Arc::new(autonomy::pods::PodStatuses::new(
-                    edge.store().clone(),
-                    edge.overlay().clone(),
-                    metrics.clone(),
-                ));
-                pods.restore().await;
-                tasks.push((
-                    "pod status replay",
-                    tokio::spawn(pods.clone().replay_on_reconnect(
-                        upstream.clone(),
-                        edge.health().subscribe(),
-                        shutdown_rx.clone(),
-                    )),
-                ));
-                let events = Arc::new(autonomy::events::Events::new(
-                    edge.store().clone(),
-                    metrics.clone(),
-                ));
-                events.restore().await;
-                tasks.push((
-                    "event replay",
-                    tokio::spawn(events.clone().replay_on_reconnect(
-                        upstream.clone(),
-                        edge.health().subscribe(),
-                        shutdown_rx.clone(),
-                    )),
-                ));
-                Some((pods, events))
+                let (autonomy, started) = autonomy::Autonomy::start(
+                    edge,
+                    &upstream,
+                    (local_lease, node_status),
+                    &config.node_name,
+                    &metrics,
+                    &shutdown_rx,
+                )
+                .await;
+                tasks.extend(started);
+                Some(autonomy)
             }
             None => None,
         };
-        let autonomy = edge
-            .as_ref()
-            .zip(kept_offline)
-            .map(|(edge, (pods, events))| autonomy::Autonomy {
-                pods,
-                events,
-                lease: local_lease,
-                node_status,
-                tokens: autonomy::tokens::Tokens::new(
-                    edge.store().clone(),
-                    edge.writer().clone(),
-                    metrics.clone(),
-                ),
-                registration: autonomy::registration::Registration::new(
-                    &config.node_name,
-                    edge.store().clone(),
-                    metrics.clone(),
-                ),
-            });
         let pipeline = Arc::new(pipeline::Pipeline {
             upstream,
             metrics: metrics.clone(),

@@ -25,9 +25,14 @@ pub mod tokens;
 use std::sync::Arc;
 
 use outpost_core::RequestInfo;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
+use crate::edge::Edge;
 use crate::health::local_lease::LocalLease;
 use crate::health::node_status::NodeStatus;
+use crate::metrics::Metrics;
+use crate::upstream::Upstream;
 
 /// A request of kubelet's that the hub answers itself (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,13 +49,71 @@ pub enum KubeletRequest {
 pub struct Autonomy {
     pub lease: Option<LocalLease>,
     pub node_status: Option<Arc<NodeStatus>>,
-    pub tokens: tokens::Tokens,
+    pub tokens: Arc<tokens::Tokens>,
     pub registration: registration::Registration,
     pub pods: Arc<pods::PodStatuses>,
     pub events: Arc<events::Events>,
 }
 
 impl Autonomy {
+    /// Takes up what was kept before a restart (pod statuses, queued events) and starts the
+    /// tasks that send it to the cloud on its return, and forget kept tokens no pod uses.
+    pub async fn start(
+        edge: &Edge,
+        upstream: &Arc<Upstream>,
+        (lease, node_status): (Option<LocalLease>, Option<Arc<NodeStatus>>),
+        node: &str,
+        metrics: &Metrics,
+        shutdown: &watch::Receiver<bool>,
+    ) -> (Autonomy, Vec<(&'static str, JoinHandle<()>)>) {
+        let store = edge.store();
+        let pods = Arc::new(pods::PodStatuses::new(
+            store.clone(),
+            edge.overlay().clone(),
+            metrics.clone(),
+        ));
+        pods.restore().await;
+        let events = Arc::new(events::Events::new(store.clone(), metrics.clone()));
+        events.restore().await;
+        let tokens = Arc::new(tokens::Tokens::new(
+            store.clone(),
+            edge.writer().clone(),
+            metrics.clone(),
+        ));
+        let online = || edge.health().subscribe();
+        let tasks = vec![
+            (
+                "pod status replay",
+                tokio::spawn(pods.clone().replay_on_reconnect(
+                    upstream.clone(),
+                    online(),
+                    shutdown.clone(),
+                )),
+            ),
+            (
+                "event replay",
+                tokio::spawn(events.clone().replay_on_reconnect(
+                    upstream.clone(),
+                    online(),
+                    shutdown.clone(),
+                )),
+            ),
+            (
+                "kept tokens",
+                tokio::spawn(tokens.clone().forget_stale(online(), shutdown.clone())),
+            ),
+        ];
+        let autonomy = Autonomy {
+            lease,
+            node_status,
+            tokens,
+            registration: registration::Registration::new(node, store.clone(), metrics.clone()),
+            pods,
+            events,
+        };
+        (autonomy, tasks)
+    }
+
     /// Which of kubelet's requests this is, if the hub answers it; `offline`: the cloud is
     /// known to be unreachable.
     pub fn classify(&self, info: &RequestInfo, offline: bool) -> Option<KubeletRequest> {

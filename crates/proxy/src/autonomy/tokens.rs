@@ -23,6 +23,7 @@ use outpost_cache::Store;
 use outpost_core::wire::{self, Encoding};
 use outpost_core::{RequestInfo, Verb};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::body::{self, ProxyBody};
@@ -213,6 +214,54 @@ impl Tokens {
         Ok(resp)
     }
 
+    /// Forgets the answers no pod uses any more, for as long as the hub runs: once the cloud
+    /// has answered for [`STALE_AFTER_ONLINE`] in a row (kubelet refreshed every live pod's
+    /// token meanwhile), every answer that expired more than [`KEPT_EXPIRED`] ago is gone.
+    pub async fn forget_stale(
+        self: Arc<Self>,
+        mut online: watch::Receiver<bool>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                up = online.wait_for(|up| *up) => if up.is_err() { return },
+                _ = shutdown.changed() => return,
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(STALE_AFTER_ONLINE) => {}
+                _ = online.wait_for(|up| !*up) => continue,
+                _ = shutdown.changed() => return,
+            }
+            if let Err(e) = self.collect_garbage(now()).await {
+                debug!(error = %e, "kept tokens not collected");
+            }
+        }
+    }
+
+    /// Deletes the kept answers that expired before `now - KEPT_EXPIRED`; returns how many.
+    pub async fn collect_garbage(&self, now: Duration) -> Result<usize, ProxyError> {
+        let kept = blocking(&self.store, |s| s.documents(PREFIX)).await?;
+        let stale: Vec<String> = kept
+            .into_iter()
+            .filter(|(_, doc)| {
+                let expired = offline::split_document(doc)
+                    .and_then(|(content_type, body)| wire::read_body(Some(content_type), body).ok())
+                    .and_then(|answer| expiry(&answer));
+                expired.is_none_or(|at| at + KEPT_EXPIRED < now)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        let forgotten = stale.len();
+        blocking(&self.store, move |s| {
+            stale.iter().try_for_each(|name| s.delete_document(name))
+        })
+        .await?;
+        for _ in 0..forgotten {
+            self.count("forgotten");
+        }
+        Ok(forgotten)
+    }
+
     fn count(&self, outcome: &str) {
         self.metrics
             .autonomy
@@ -220,6 +269,13 @@ impl Tokens {
             .inc();
     }
 }
+
+/// How long the cloud must have answered before kept tokens are collected: kubelet refreshes
+/// a live pod's token well within it (at 80 % of its hour).
+pub const STALE_AFTER_ONLINE: Duration = Duration::from_secs(3600);
+/// How long after its expiry an answer is kept: a node offline longer than that had its
+/// tokens refreshed on its return before any collection.
+pub const KEPT_EXPIRED: Duration = Duration::from_secs(24 * 3600);
 
 /// Whether the client's `Accept` allows `encoding` at all (not only as its first choice).
 fn accepts(headers: &HeaderMap, encoding: Encoding) -> bool {
@@ -299,6 +355,27 @@ mod tests {
             a.document(),
             TokenKey::of(&info(), &shorter).unwrap().document()
         );
+    }
+
+    #[tokio::test]
+    async fn answers_long_expired_are_forgotten_and_current_ones_kept() {
+        let store: Arc<dyn Store> = Arc::new(outpost_cache::MemStore::new());
+        let keep = |uid: &str, expires: &str| {
+            let key = TokenKey::of(&info(), &request(uid)).unwrap();
+            let mut answer = request(uid);
+            answer["status"] = json!({"token": "t", "expirationTimestamp": expires});
+            let doc =
+                offline::discovery_document("application/json", answer.to_string().as_bytes());
+            store.put_document(&key.document(), &doc).unwrap();
+        };
+        keep("current", "2026-11-26T12:00:00Z");
+        keep("yesterday", "2026-11-25T12:00:00Z");
+        keep("last-week", "2026-11-19T12:00:00Z");
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
+        let tokens = Tokens::new(store.clone(), writer, Metrics::new());
+        let now = outpost_core::time::parse_rfc3339("2026-11-26T11:30:00Z").unwrap();
+        assert_eq!(tokens.collect_garbage(now).await.unwrap(), 1);
+        assert_eq!(store.documents(PREFIX).unwrap().len(), 2);
     }
 
     #[test]
