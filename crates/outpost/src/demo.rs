@@ -4,8 +4,11 @@
 //! the hub in front of it on loopback in edge mode exactly as on a node (sled cache in a temporary
 //! directory), and drives a kubelet-like kube-rs client through it: list and watch, then the link
 //! is cut and the client keeps its pods, the cloud changes while the node is offline, the link
-//! returns and the client converges. It prints each step and exits 0 when every step behaved as
-//! expected.
+//! returns and the client converges. Then the node reboots while the link is down: a Kubernetes
+//! 1.32 kubelet's boot (`outpost_testkit::kubelet_boot`: protobuf bodies, tokens, registration,
+//! pod status) is answered by the hub from its cache, kube-proxy sees the pods' new IPs, and
+//! when the link returns the cloud gets the offline status. It prints each step and exits 0 when
+//! every step behaved as expected.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -63,6 +66,12 @@ async fn run() -> Result<()> {
         .await
         .context("fake apiserver")?;
     println!("    apiserver: {}", fake.url());
+    // The hub's own RBAC, as `manifests/cluster/` installs it next to the node authorizer.
+    let rbac =
+        outpost_testkit::manifest::parse_yaml(include_str!("../../../manifests/cluster/rbac.yaml"))
+            .context("the hub's RBAC manifest")?;
+    fake.apply_rbac(&rbac)
+        .map_err(|s| anyhow::anyhow!("RBAC: {}", s.message))?;
     let dir = tempfile::tempdir().context("temporary directory")?;
     let files = fake
         .pki()
@@ -75,8 +84,33 @@ async fn run() -> Result<()> {
 
     step("starting the hub in edge mode on loopback, with its sled cache on disk");
     let cache_dir = dir.path().join("cache");
-    let store = SledStore::open(&cache_dir, SledOptions::default()).context("edge cache")?;
     println!("    cache: {}", cache_dir.display());
+    let hub = start_hub(&fake, &files, &cache_dir).await?;
+    println!(
+        "    proxy: http://{}   admin: http://{}",
+        hub.proxy_addr(),
+        hub.admin_addr()
+    );
+
+    let result = drive_client(&fake, &hub).await;
+    let result = match result {
+        Ok(()) => reboot_offline(&fake, &files, &cache_dir, hub).await,
+        Err(e) => {
+            hub.shutdown().await;
+            Err(e)
+        }
+    };
+    fake.shutdown().await;
+    result
+}
+
+/// The hub in edge mode in front of `fake`, its cache in `cache_dir`.
+async fn start_hub(
+    fake: &FakeApiServer,
+    files: &outpost_testkit::NodeCertFiles,
+    cache_dir: &std::path::Path,
+) -> Result<Hub> {
+    let store = SledStore::open(cache_dir, SledOptions::default()).context("edge cache")?;
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt)?;
     let hub = Hub::start(HubConfig {
         node_name: NODE.into(),
@@ -100,6 +134,11 @@ async fn run() -> Result<()> {
         // seconds; two good probes still make the apiserver healthy again.
         health: outpost_proxy::health::HealthConfig {
             interval: Duration::from_secs(1),
+            heartbeat: Some(outpost_proxy::health::HeartbeatConfig {
+                node_name: NODE.into(),
+                grace: Duration::from_secs(40),
+                kubelet_healthz_url: None,
+            }),
             ..outpost_proxy::health::HealthConfig::default()
         },
         filters: None,
@@ -109,16 +148,168 @@ async fn run() -> Result<()> {
         token_bootstrap: None,
     })
     .await?;
+    Ok(hub)
+}
+
+const KUBE_PROXY_UA: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/outpost-demo";
+
+/// The story an edge proxy exists for: the node reboots while the link is down, and its pods
+/// come back; when the link returns, the cloud learns what happened.
+async fn reboot_offline(
+    fake: &FakeApiServer,
+    files: &outpost_testkit::NodeCertFiles,
+    cache_dir: &std::path::Path,
+    hub: Hub,
+) -> Result<()> {
+    use outpost_testkit::kubelet_boot::{self, Boot, Scenario};
+    let old_ip = |i: usize| format!("10.244.1.{}", 10 + i);
+    let new_ip = |i: usize| format!("10.244.1.{}", 100 + i);
+    step(
+        "the cloud runs a web app on this node: pods with a ConfigMap, a Secret, a service-account token, and a Service",
+    );
+    for name in ["web-0", "web-2"] {
+        fake.delete("v1/pods", Some("default"), name)
+            .map_err(|s| anyhow::anyhow!("delete {name}: {}", s.message))?;
+    }
+    Scenario::create(fake, NODE, 2, old_ip);
+    wait_for(&hub, true).await?;
+    let online = kubelet_boot::replay(&Boot {
+        hub: hub.proxy_addr(),
+        node: NODE,
+        boot_id: "boot-1",
+        pod_ip: &old_ip,
+        now: "2026-11-26T10:00:00Z",
+    })
+    .await;
+    ensure!(
+        online.unusable().is_empty(),
+        "online boot:\n{}",
+        online.summary()
+    );
+    let slices = slice_addresses(hub.proxy_addr()).await?;
     println!(
-        "    proxy: http://{}   admin: http://{}",
-        hub.proxy_addr(),
-        hub.admin_addr()
+        "    kubelet booted through the hub ({} requests, protobuf bodies); kube-proxy routes web to {}",
+        online.exchanges.len(),
+        slices.join(", ")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    step("the node reboots while the link to the cloud is down");
+    fake.refuse_connections();
+    fake.cut_watches();
+    hub.shutdown().await;
+    let hub = start_hub(fake, files, cache_dir).await?;
+    wait_for(&hub, false).await?;
+    println!("    hub restarted from its cache; the cloud is unreachable");
+
+    step("kubelet boots: registration, lease, pods, ConfigMaps, Secrets, tokens, status, events");
+    let offline = kubelet_boot::replay(&Boot {
+        hub: hub.proxy_addr(),
+        node: NODE,
+        boot_id: "boot-2",
+        pod_ip: &new_ip,
+        now: "2026-11-26T11:00:00Z",
+    })
+    .await;
+    let answered = |what: &str| {
+        offline
+            .find(what)
+            .map(|e| {
+                format!(
+                    "{} {}",
+                    e.status,
+                    e.served_from.as_deref().unwrap_or("cloud")
+                )
+            })
+            .unwrap_or_else(|| "not sent".into())
+    };
+    for what in [
+        "registration",
+        "lease renew",
+        "node status",
+        "pod informer list",
+        "secrets web-secret list",
+        "token web-0",
+        "pod status web-0",
+        "event web-0",
+    ] {
+        println!("    {what:<24} -> {}", answered(what));
+    }
+    ensure!(
+        offline.unusable().is_empty(),
+        "offline boot:\n{}",
+        offline.summary()
+    );
+    println!(
+        "    all {} requests answered in {} ms: every pod can start",
+        offline.exchanges.len(),
+        offline.elapsed.as_millis()
+    );
+    let slices = slice_addresses(hub.proxy_addr()).await?;
+    println!(
+        "    kube-proxy routes web to {} (the pods' new IPs, from kubelet's own reports)",
+        slices.join(", ")
+    );
+    ensure!(
+        slices == [new_ip(0), new_ip(1)],
+        "kube-proxy's slices: {slices:?}"
     );
 
-    let result = drive_client(&fake, &hub).await;
+    step("the link returns: the cloud gets the node's and the pods' offline status and events");
+    fake.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let pod_ip = fake
+            .get("v1/pods", Some(kubelet_boot::NAMESPACE), "web-0")
+            .map(|p| p["status"]["podIP"].clone());
+        let events = fake.list("v1/events", Some(kubelet_boot::NAMESPACE)).len();
+        if pod_ip == Some(json!(new_ip(0))) && events >= 4 {
+            println!(
+                "    the cloud's web-0 has podIP {}; {events} events recorded",
+                new_ip(0)
+            );
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the cloud never got the offline status ({pod_ip:?}, {events} events)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     hub.shutdown().await;
-    fake.shutdown().await;
-    result
+    Ok(())
+}
+
+/// The addresses kube-proxy sees in the `web` EndpointSlice.
+async fn slice_addresses(hub: std::net::SocketAddr) -> Result<Vec<String>> {
+    let mut config = kube::Config::new(format!("http://{hub}").parse()?);
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(KUBE_PROXY_UA),
+    ));
+    let client = kube::Client::try_from(config)?;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client, outpost_testkit::kubelet_boot::NAMESPACE);
+    let list = slices.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter().flatten())
+        .flat_map(|e| e.addresses.first().cloned())
+        .collect())
+}
+
+/// Waits (bounded) until the hub sees the cloud `online`, or serves from its cache.
+async fn wait_for(hub: &Hub, online: bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while hub.is_online() != online {
+        ensure!(
+            Instant::now() < deadline,
+            "the hub never saw the cloud online={online}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
 }
 
 async fn drive_client(fake: &FakeApiServer, hub: &Hub) -> Result<()> {

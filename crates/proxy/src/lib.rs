@@ -493,6 +493,11 @@ impl Hub {
         })
     }
 
+    /// Whether an apiserver answers (in edge mode, otherwise the cache does).
+    pub fn is_online(&self) -> bool {
+        self.pipeline.upstream.states().is_online()
+    }
+
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy_addr
     }

@@ -97,7 +97,7 @@ pub struct Boot<'a> {
     pub node: &'a str,
     /// `nodeInfo.bootID`.
     pub boot_id: &'a str,
-    /// The IP pod `i` (in name order) gets at this boot.
+    /// The IP pod `i` (in namespace, name order) gets at this boot.
     pub pod_ip: &'a (dyn Fn(usize) -> String + Sync),
     /// The `lastHeartbeatTime` and transition times this boot reports (RFC 3339).
     pub now: &'a str,
@@ -371,7 +371,11 @@ impl Replay<'_> {
         let mut pods: Vec<Value> = list
             .and_then(|l| l["items"].as_array().cloned())
             .unwrap_or_default();
-        pods.sort_by_key(|p| p["metadata"]["name"].as_str().unwrap_or("").to_owned());
+        pods.sort_by_key(|p| {
+            let meta = &p["metadata"];
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&meta["namespace"]), text(&meta["name"]))
+        });
         pods
     }
 
