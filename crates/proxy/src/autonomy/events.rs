@@ -218,18 +218,10 @@ impl Events {
     pub async fn replay_on_reconnect(
         self: Arc<Self>,
         upstream: Arc<Upstream>,
-        mut online: watch::Receiver<bool>,
-        mut shutdown: watch::Receiver<bool>,
+        online: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        loop {
-            if *online.borrow_and_update() {
-                self.replay(&upstream).await;
-            }
-            tokio::select! {
-                changed = online.changed() => if changed.is_err() { return },
-                _ = shutdown.changed() => return,
-            }
-        }
+        crate::health::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends queued writes in order until the queue is empty or the cloud fails again.

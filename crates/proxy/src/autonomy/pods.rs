@@ -191,18 +191,10 @@ impl PodStatuses {
     pub async fn replay_on_reconnect(
         self: Arc<Self>,
         upstream: Arc<Upstream>,
-        mut online: watch::Receiver<bool>,
-        mut shutdown: watch::Receiver<bool>,
+        online: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        loop {
-            if *online.borrow_and_update() {
-                self.replay(&upstream).await;
-            }
-            tokio::select! {
-                changed = online.changed() => if changed.is_err() { return },
-                _ = shutdown.changed() => return,
-            }
-        }
+        crate::health::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends every report; what could not be sent stays for the next return of the cloud.

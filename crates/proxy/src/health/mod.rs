@@ -35,6 +35,28 @@ use tracing::{debug, info, warn};
 use crate::metrics::Metrics;
 use crate::upstream::Server;
 
+/// Runs `replay` now if the cloud answers, and again each time it comes back, until
+/// `shutdown`: how what the hub kept while offline (node and pod status, events) reaches the
+/// cloud.
+pub async fn on_each_return<F, Fut>(
+    mut online: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+    mut replay: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        if *online.borrow_and_update() {
+            replay().await;
+        }
+        tokio::select! {
+            changed = online.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
 /// The prober's settings (yurthub's heartbeat flags).
 #[derive(Debug, Clone)]
 pub struct HealthConfig {

@@ -119,44 +119,40 @@ impl NodeStatus {
     pub async fn replay_on_reconnect(
         self: Arc<Self>,
         upstream: Arc<Upstream>,
-        mut online: watch::Receiver<bool>,
-        mut shutdown: watch::Receiver<bool>,
+        online: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        loop {
-            tokio::select! {
-                changed = online.changed() => if changed.is_err() { return },
-                _ = shutdown.changed() => return,
-            }
-            if !*online.borrow_and_update() {
-                continue;
-            }
-            let pending = self
-                .pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            let Some(local) = pending else {
-                continue;
-            };
-            // Read right before sending (lesson 001): a kubelet that died during the outage
-            // must not be reported as it last was (Ready) by the hub in its name.
-            let silent_for = self.calls.last().map(|at| at.elapsed());
-            if silent_for.is_none_or(|quiet| quiet > self.grace) {
-                warn!(
-                    silent_s = silent_for.map(|d| d.as_secs()),
-                    "kubelet has not called in within the grace period; its offline node status is not sent to the cloud"
-                );
+        super::on_each_return(online, shutdown, || self.replay_pending(&upstream)).await
+    }
+
+    /// Sends the pending status, if kubelet is still there to stand behind it.
+    async fn replay_pending(&self, upstream: &Upstream) {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let Some(local) = pending else {
+            return;
+        };
+        // Read right before sending (lesson 001): a kubelet that died during the outage
+        // must not be reported as it last was (Ready) by the hub in its name.
+        let silent_for = self.calls.last().map(|at| at.elapsed());
+        if silent_for.is_none_or(|quiet| quiet > self.grace) {
+            warn!(
+                silent_s = silent_for.map(|d| d.as_secs()),
+                "kubelet has not called in within the grace period; its offline node status is not sent to the cloud"
+            );
+            self.drop_pending(&local);
+            return;
+        }
+        match self.replay(upstream, &local).await {
+            Ok(sent) => {
+                info!(conditions = sent, "offline node status sent to the cloud");
                 self.drop_pending(&local);
-                continue;
             }
-            match self.replay(&upstream, &local).await {
-                Ok(sent) => {
-                    info!(conditions = sent, "offline node status sent to the cloud");
-                    self.drop_pending(&local);
-                }
-                Err(e) => {
-                    warn!(error = %e, "offline node status not sent; kubelet's next update will carry it")
-                }
+            Err(e) => {
+                warn!(error = %e, "offline node status not sent; kubelet's next update will carry it")
             }
         }
     }
