@@ -13,15 +13,7 @@ use support::{Cluster, HubProcess, NODE, kubelet_get, kubelet_send};
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
 
 fn start_hub(cluster: &Cluster, extra: &[&str]) -> HubProcess {
-    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
-    let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
-    let mut args: Vec<String> = cluster
-        .hub_args()
-        .into_iter()
-        .filter(|a| !overridden.contains(&flag(a)))
-        .collect();
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    HubProcess::spawn(&args)
+    cluster.start_hub_with_flags(extra)
 }
 
 /// The hub stopped and started again while the apiserver refuses connections: a node reboot

@@ -55,15 +55,7 @@ fn metric(text: &str, name: &str) -> f64 {
 }
 
 fn start_hub(cluster: &Cluster, extra: &[&str]) -> HubProcess {
-    let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
-    let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
-    let mut args: Vec<String> = cluster
-        .hub_args()
-        .into_iter()
-        .filter(|a| !overridden.contains(&flag(a)))
-        .collect();
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    HubProcess::spawn(&args)
+    cluster.start_hub_with_flags(extra)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

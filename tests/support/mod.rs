@@ -91,6 +91,19 @@ impl Cluster {
         self.start_hub_with(&self.hub_args())
     }
 
+    /// Starts the real binary with [`Cluster::hub_args`], `extra` flags replacing the same flags.
+    pub fn start_hub_with_flags(&self, extra: &[&str]) -> HubProcess {
+        let flag = |a: &str| a.split('=').next().unwrap_or(a).to_owned();
+        let overridden: Vec<String> = extra.iter().map(|a| flag(a)).collect();
+        let mut args: Vec<String> = self
+            .hub_args()
+            .into_iter()
+            .filter(|a| !overridden.contains(&flag(a)))
+            .collect();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        HubProcess::spawn(&args)
+    }
+
     /// Starts the real binary with `args` (usually [`Cluster::hub_args`] changed).
     pub fn start_hub_with(&self, args: &[String]) -> HubProcess {
         HubProcess::spawn(args)

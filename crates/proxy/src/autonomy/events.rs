@@ -79,23 +79,13 @@ impl Events {
 
     /// kubelet's `POST …/events` and `PATCH …/events/<name>` (core/v1 events).
     pub fn handles(info: &RequestInfo) -> bool {
-        matches!(info.verb, Verb::Create | Verb::Patch)
-            && info.api_group.is_empty()
-            && info.resource == "events"
-            && info.subresource.is_empty()
+        super::is_kubelets(info, &[Verb::Create, Verb::Patch], "events", "")
             && !info.namespace.is_empty()
-            && info.component.as_deref() == Some("kubelet")
     }
 
     /// Takes up the queue kept before a restart.
     pub async fn restore(&self) {
-        let kept = match blocking(&self.store, |s| s.documents(PREFIX)).await {
-            Ok(kept) => kept,
-            Err(e) => {
-                warn!(error = %e, "cannot read the events queued offline");
-                return;
-            }
-        };
+        let kept = super::kept(&self.store, PREFIX, "events").await;
         let mut queue = self.lock();
         queue.extend(
             kept.iter()

@@ -24,7 +24,9 @@ pub mod tokens;
 
 use std::sync::Arc;
 
-use outpost_core::RequestInfo;
+use bytes::Bytes;
+use outpost_cache::Store;
+use outpost_core::{RequestInfo, Verb};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -136,6 +138,28 @@ impl Autonomy {
             Some(KubeletRequest::Event)
         } else {
             None
+        }
+    }
+}
+
+/// Whether `info` is kubelet's request of one of `verbs` on the core group's `resource`
+/// (`subresource`: "" for the object itself).
+fn is_kubelets(info: &RequestInfo, verbs: &[Verb], resource: &str, subresource: &str) -> bool {
+    verbs.contains(&info.verb)
+        && info.api_group.is_empty()
+        && info.resource == resource
+        && info.subresource == subresource
+        && info.component.as_deref() == Some("kubelet")
+}
+
+/// The documents kept under `prefix` before a restart (none when they cannot be read: what
+/// was kept is then lost, which the log says).
+async fn kept(store: &Arc<dyn Store>, prefix: &'static str, what: &str) -> Vec<(String, Bytes)> {
+    match crate::edge::offline::blocking(store, move |s| s.documents(prefix)).await {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the {what} kept offline");
+            Vec::new()
         }
     }
 }

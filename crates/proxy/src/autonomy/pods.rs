@@ -75,24 +75,12 @@ impl PodStatuses {
 
     /// kubelet's `PATCH …/pods/<p>/status`.
     pub fn handles(info: &RequestInfo) -> bool {
-        info.verb == Verb::Patch
-            && info.api_group.is_empty()
-            && info.resource == "pods"
-            && info.subresource == "status"
-            && !info.name.is_empty()
-            && info.component.as_deref() == Some("kubelet")
+        super::is_kubelets(info, &[Verb::Patch], "pods", "status") && !info.name.is_empty()
     }
 
     /// Takes up the reports kept before a restart.
     pub async fn restore(&self) {
-        let kept = match blocking(&self.store, |s| s.documents(PREFIX)).await {
-            Ok(kept) => kept,
-            Err(e) => {
-                warn!(error = %e, "cannot read the pod statuses kept offline");
-                return;
-            }
-        };
-        for (name, bytes) in kept {
+        for (name, bytes) in super::kept(&self.store, PREFIX, "pod statuses").await {
             let Some((namespace, pod)) = name[PREFIX.len()..].split_once('/') else {
                 continue;
             };

@@ -41,11 +41,7 @@ impl Registration {
 
     /// kubelet's `POST /api/v1/nodes`.
     pub fn handles(info: &RequestInfo) -> bool {
-        info.verb == Verb::Create
-            && info.api_group.is_empty()
-            && info.resource == "nodes"
-            && info.subresource.is_empty()
-            && info.component.as_deref() == Some("kubelet")
+        super::is_kubelets(info, &[Verb::Create], "nodes", "")
     }
 
     /// Answers the registration from the cache: 409 AlreadyExists for this node when cached.

@@ -133,12 +133,8 @@ impl Tokens {
 
     /// kubelet's `POST …/serviceaccounts/<sa>/token`.
     pub fn handles(info: &RequestInfo) -> bool {
-        info.verb == Verb::Create
-            && info.api_group.is_empty()
-            && info.resource == "serviceaccounts"
-            && info.subresource == "token"
+        super::is_kubelets(info, &[Verb::Create], "serviceaccounts", "token")
             && !info.name.is_empty()
-            && info.component.as_deref() == Some("kubelet")
     }
 
     /// Keeps the cloud's answer to `key` (`201 Created`, in `content_type`) — only if it is what
