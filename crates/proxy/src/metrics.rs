@@ -1,7 +1,8 @@
 //! Prometheus metrics of the proxy, registered in an explicit registry (no global state).
 //!
 //! Names carry the `outpost_` prefix. The `component` label is yurthub's component (User-Agent up to
-//! the first `/`), not the full User-Agent, to keep cardinality bounded. yurthub's own names
+//! the first `/`), not the full User-Agent, and only for known components ([`component_label`]),
+//! to keep cardinality bounded. yurthub's own names
 //! (`node_yurthub_*`, `openyurt_version_info`) are derived from these at scrape time
 //! ([`yurthub_families`]), so that dashboards and alerts written for yurthub keep working.
 
@@ -335,6 +336,39 @@ impl Metrics {
 /// The labels of per-request metrics: yurthub's (`client` is the component here).
 pub const REQUEST_LABELS: [&str; 4] = ["component", "verb", "resource", "subresource"];
 
+/// The components per-request metrics name; any other User-Agent counts as `other`. The
+/// User-Agent is the client's to choose, so a label taken from it as sent lets any client add
+/// series (and memory, and `/metrics` bytes) without bound. Listed: yurthub's cache agents and
+/// the components its filters serve (kept in step by a test), kubectl, and common CNI agents.
+/// Only labels are bounded: the cache still keys on the component as sent.
+const KNOWN_COMPONENTS: &[&str] = &[
+    "kubelet",
+    "kube-proxy",
+    "coredns",
+    "flanneld",
+    "outpost",
+    "yurthub",
+    "raven-agent-ds",
+    "yurttunnel-agent",
+    "nginx-ingress-controller",
+    "kubectl",
+    "calico-node",
+    "cilium-agent",
+];
+
+/// The `component` label of a request: its component if known ([`KNOWN_COMPONENTS`]), `none`
+/// without a User-Agent, `other` otherwise. A scan of a dozen static names; no allocation.
+pub fn component_label(component: Option<&str>) -> &'static str {
+    match component {
+        None => "none",
+        Some(component) => KNOWN_COMPONENTS
+            .iter()
+            .find(|known| **known == component)
+            .copied()
+            .unwrap_or("other"),
+    }
+}
+
 /// yurthub's metrics (`pkg/yurthub/metrics`), from the outpost families they correspond to:
 /// server health, requests in flight and their total, response bytes, whether the cache can
 /// persist, and the build. The multiplexer's and the connection tracker's have no counterpart.
@@ -504,5 +538,30 @@ fn go_arch(arch: &str) -> &str {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn component_labels_are_the_known_components_then_other() {
+        assert_eq!(component_label(Some("kubelet")), "kubelet");
+        assert_eq!(component_label(Some("kubectl")), "kubectl");
+        assert_eq!(component_label(None), "none");
+        assert_eq!(component_label(Some("ua-12345")), "other");
+        assert_eq!(component_label(Some("")), "other");
+    }
+
+    /// Every cache agent and every component a filter serves by default has its own label.
+    #[test]
+    fn every_component_the_hub_knows_of_is_labelled() {
+        let filters = outpost_filter::filters::ALL
+            .iter()
+            .flat_map(|f| f.default_components().iter());
+        for component in crate::edge::policy::DEFAULT_AGENTS.iter().chain(filters) {
+            assert_eq!(component_label(Some(component)), *component);
+        }
     }
 }

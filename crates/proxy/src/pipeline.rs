@@ -469,9 +469,9 @@ impl Pipeline {
     ) -> Response<ProxyBody> {
         let verb = info.map_or("unknown", |i| i.verb.as_str());
         let resource = info.map(RequestInfo::resource_label).unwrap_or_default();
-        let component = info
-            .and_then(|i| i.component.clone())
-            .unwrap_or_else(|| "none".to_owned());
+        let component = info.and_then(|i| i.component.as_deref());
+        let component_label = crate::metrics::component_label(component);
+        let component = component.unwrap_or("none");
         let mut resp = match result {
             Ok(resp) => resp,
             Err(err) => {
@@ -492,12 +492,7 @@ impl Pipeline {
         );
         self.metrics
             .requests
-            .with_label_values(&[
-                component.as_str(),
-                verb,
-                resource.as_str(),
-                &code.to_string(),
-            ])
+            .with_label_values(&[component_label, verb, resource.as_str(), &code.to_string()])
             .inc();
         crate::memory::note_work();
         self.metrics
@@ -507,7 +502,7 @@ impl Pipeline {
         let (resource, subresource) =
             info.map_or(("", ""), |i| (i.resource.as_str(), i.subresource.as_str()));
         let bytes = self.metrics.response_bytes.with_label_values(&[
-            component.as_str(),
+            component_label,
             verb,
             resource,
             subresource,
@@ -674,9 +669,8 @@ struct InFlight(prometheus::IntGauge);
 
 impl InFlight {
     fn enter(metrics: &Metrics, info: &RequestInfo) -> InFlight {
-        let component = info.component.as_deref().unwrap_or("none");
         let gauge = metrics.in_flight.with_label_values(&[
-            component,
+            crate::metrics::component_label(info.component.as_deref()),
             info.verb.as_str(),
             info.resource.as_str(),
             info.subresource.as_str(),
