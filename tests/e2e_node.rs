@@ -56,6 +56,22 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     out
 }
 
+/// `dir` and every path under it, with its permission bits.
+fn modes(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        if path.is_dir() {
+            stack.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+        out.push((path, mode));
+    }
+    assert!(out.len() > 2, "{out:?}");
+    out
+}
+
 fn node_cmd(args: &[String]) -> std::process::Output {
     Command::new(outpost_bin())
         .arg("node")
@@ -106,6 +122,12 @@ async fn convert_uses_the_hub_then_revert_restores_every_byte() {
     let manifest =
         std::fs::read_to_string(root.join("etc/kubernetes/manifests/outpost.yaml")).unwrap();
     assert!(manifest.contains(&format!("--node-name={NODE}")));
+    // The originals may hold kubelet's credentials: only root reads the backups.
+    let backup = root.join("var/lib/outpost/backup");
+    for (path, mode) in modes(&backup) {
+        let private = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, private, "{}", path.display());
+    }
     let after_convert = snapshot(&root);
     let again = node_cmd(&convert_args);
     assert!(again.status.success());

@@ -4,7 +4,10 @@
 
 mod support;
 
-use support::{Cluster, get};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::{Cluster, HubProcess, get};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
@@ -74,4 +77,98 @@ async fn metric_labels_do_not_grow_with_the_user_agent() {
         "/metrics grew from {before} to {} bytes",
         text.len()
     );
+}
+
+/// Every path under `dir` whose mode lets group or others in, with its mode.
+fn readable_by_others(dir: &Path) -> Vec<(PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut loose = Vec::new();
+    let mut pending = vec![dir.to_owned()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path).expect("metadata");
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            loose.push((path.clone(), mode));
+        }
+        if meta.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    loose
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Item 11: started with umask 000 over directories an earlier run left world-readable, the hub
+/// tightens them (one log line) and creates everything else private: the cache (sled's files
+/// hold the Secrets kubelet read), the serving certificate and its key, the accepted tokens,
+/// the server list and the state dump.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_files_are_private_whatever_the_umask() {
+    let cluster = Cluster::start().await;
+    let root = cluster.dir.path().join("root");
+    let cache = cluster.dir.path().join("cache");
+    for dir in [&root, &cache] {
+        std::fs::create_dir_all(dir).unwrap();
+        chmod(dir, 0o755);
+    }
+    std::fs::write(root.join("servers.json"), "{}").unwrap();
+    chmod(&root.join("servers.json"), 0o644);
+    std::fs::write(cache.join("left-over"), "x").unwrap();
+    chmod(&cache.join("left-over"), 0o666);
+
+    let hub = HubProcess::spawn_wrapped(
+        &["sh", "-c", r#"umask 000 && exec "$0" "$@""#],
+        &cluster.hub_args(),
+    );
+    let ca = cluster.fake.pki().ca_pem.clone();
+    support::until_certified(&hub, &ca).await;
+    let node = format!("/api/v1/nodes/{}", support::NODE);
+    assert_eq!(get(hub.proxy, &node, KUBELET_UA).await.status, 200);
+    hub.signal("USR1");
+    let written = |path: PathBuf| move || path.exists();
+    for file in [
+        root.join("verified-tokens"),
+        root.join("pki/yurthub-server-current.pem"),
+        root.join(format!("yurthub.{}.stacks.log", hub.pid())),
+    ] {
+        assert!(
+            support::eventually(Duration::from_secs(10), written(file.clone())).await,
+            "{} never written; log:\n{}",
+            file.display(),
+            hub.log_text()
+        );
+    }
+    let log = hub.log_text();
+    hub.terminate();
+
+    let loose: Vec<_> = [&root, &cache]
+        .iter()
+        .flat_map(|d| readable_by_others(d))
+        .collect();
+    assert!(loose.is_empty(), "readable by others: {loose:?}");
+    let sled_files = paths_under(&cache);
+    assert!(sled_files > 3, "the cache holds sled's files: {sled_files}");
+    let tightened: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("readable by other users"))
+        .collect();
+    assert_eq!(tightened.len(), 1, "{log}");
+    assert!(tightened[0].contains("paths=4"), "{}", tightened[0]);
+}
+
+/// How many paths are under `dir` (itself included).
+fn paths_under(dir: &Path) -> usize {
+    let mut count = 0;
+    let mut pending = vec![dir.to_owned()];
+    while let Some(path) = pending.pop() {
+        count += 1;
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    count
 }

@@ -7,68 +7,20 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use outpost_testkit::FakeConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use support::{
-    ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, assert_ok, kubectl, names, until_ready,
+    ADMIN_TOKEN, Cluster, HubProcess, NODE, RawResponse, assert_ok, https_get, kubectl, names,
+    tls_client, until_certified, until_ready,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 const COREDNS: &str = "coredns/1.11.3";
 /// A valid cluster token that never went through the hub while it was online.
 const OTHER_TOKEN: &str = "other-admin-token";
-
-/// A TLS client that trusts only the cluster CA, as a pod's service-account `ca.crt` does.
-fn tls_client(ca_pem: &str) -> tokio_rustls::TlsConnector {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-}
-
-/// `GET path` over TLS to `addr` (verified as the IP address it is), `Connection: close`.
-async fn https_get(
-    addr: SocketAddr,
-    ca_pem: &str,
-    path: &str,
-    user_agent: &str,
-    token: Option<&str>,
-) -> Result<RawResponse, String> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    let mut tls = tls_client(ca_pem)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS handshake: {e}"))?;
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {user_agent}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n"
-    );
-    tls.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut buf)).await;
-    // The server may close without close_notify after `Connection: close`; what was read counts.
-    match read {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if !buf.is_empty() => eprintln!("read ended with {e}"),
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err("no answer within 30 s".into()),
-    }
-    Ok(RawResponse::parse(&buf))
-}
 
 /// The certificate the secure port presents (DER), verified against the cluster CA.
 async fn presented_certificate(addr: SocketAddr, ca_pem: &str) -> Result<Vec<u8>, String> {
@@ -93,24 +45,6 @@ fn first_certificate(path: &Path) -> Vec<u8> {
         .unwrap()
         .as_ref()
         .to_vec()
-}
-
-/// Waits (bounded) until the secure port completes a TLS handshake with a certificate the
-/// cluster CA vouches for.
-async fn until_certified(hub: &HubProcess, ca_pem: &str) {
-    for _ in 0..200 {
-        if https_get(hub.secure, ca_pem, "/version", "probe", Some(ADMIN_TOKEN))
-            .await
-            .is_ok()
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!(
-        "the secure port never presented a certificate; log:\n{}",
-        hub.log_text()
-    );
 }
 
 /// The cluster CA and a hub started against `cluster` whose secure port presents its issued

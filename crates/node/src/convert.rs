@@ -373,6 +373,8 @@ fn apply(
         return Ok(());
     }
     record_new_dirs(node, record, BACKUP_DIR)?;
+    // The originals may hold credentials (kubelet's kubeconfig can embed its client key).
+    fsops::private_dir(&node.host(BACKUP_DIR))?;
     if let Some(parent) = Path::new(step.path).parent() {
         record_new_dirs(node, record, &parent.to_string_lossy())?;
     }
@@ -420,9 +422,9 @@ fn record_new_dirs(node: &Node, record: &mut Record, dir: &str) -> Result<(), No
 fn save_backup(node: &Node, path: &str, original: &[u8]) -> Result<(), NodeError> {
     let at = node.backup_of(path);
     if let Some(parent) = at.parent() {
-        fs::create_dir_all(parent).map_err(|e| NodeError::io("create directory", parent, e))?;
+        fsops::private_dir(parent)?;
     }
-    fsops::write_atomic(&at, original)?;
+    fsops::write_private(&at, original)?;
     // The backup is the only copy of the original: make sure it reads back intact.
     match fsops::read_opt(&at)? {
         Some(bytes) if bytes == original => Ok(()),

@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::NodeError;
@@ -21,12 +22,36 @@ pub(crate) fn read_opt(path: &Path) -> Result<Option<Vec<u8>>, NodeError> {
 /// The temporary name starts with a dot because kubelet's static pod source ignores hidden files:
 /// a half-written manifest must never be picked up.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
+    let permissions = fs::metadata(path).ok().map(|m| m.permissions());
+    write_with(path, bytes, permissions)
+}
+
+/// [`write_atomic`] for a file only its owner may read, 0600 whatever the umask or the file it
+/// replaces: convert's backups (kubelet's kubeconfig may embed its client key) and its record.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
+    write_with(path, bytes, Some(fs::Permissions::from_mode(0o600)))
+}
+
+/// Creates `dir` and its missing parents as 0700, and makes an existing `dir` 0700.
+pub(crate) fn private_dir(dir: &Path) -> Result<(), NodeError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
+        .map_err(|e| NodeError::io("create directory", dir, e))
+}
+
+fn write_with(
+    path: &Path,
+    bytes: &[u8],
+    permissions: Option<fs::Permissions>,
+) -> Result<(), NodeError> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.outpost-tmp"));
-    let permissions = fs::metadata(path).ok().map(|m| m.permissions());
     let written = (|| {
         let mut file = fs::File::create(&tmp)?;
         file.write_all(bytes)?;
@@ -84,8 +109,6 @@ pub(crate) fn remove_empty_dir(path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
 
     #[test]
@@ -101,6 +124,27 @@ mod tests {
             0o600
         );
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn private_writes_are_0600_whatever_they_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup/kubelet.conf");
+        private_dir(path.parent().unwrap()).unwrap();
+        write_private(&path, b"client-key-data: x").unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::set_permissions(path.parent().unwrap(), fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(path.parent().unwrap()).unwrap();
+        write_private(&path, b"again").unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(
+            mode(path.parent().unwrap()),
+            0o700,
+            "an existing directory is tightened"
+        );
     }
 
     #[test]

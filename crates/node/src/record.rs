@@ -118,7 +118,7 @@ impl Record {
     }
 
     pub(crate) fn save(&self, node: &Node) -> Result<(), NodeError> {
-        fsops::write_atomic(&node.host(RECORD), self.render().as_bytes())
+        fsops::write_private(&node.host(RECORD), self.render().as_bytes())
     }
 
     pub(crate) fn entries(&self) -> &[Entry] {

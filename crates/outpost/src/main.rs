@@ -7,6 +7,7 @@
 mod cache_cmd;
 mod cli;
 mod demo;
+mod private;
 mod run;
 
 use std::process::ExitCode;
@@ -25,8 +26,16 @@ fn main() -> ExitCode {
     match cli.command {
         Some(cli::Command::Demo) => demo::main(),
         Some(cli::Command::Node { command }) => node(*command),
-        Some(cli::Command::Cache { command }) => cache_cmd::main(*command),
-        None => run::hub(&cli.hub),
+        Some(cli::Command::Cache { command }) => {
+            private::restrict_umask();
+            cache_cmd::main(*command)
+        }
+        None => {
+            // Before any thread starts: the umask is the process's, and the hub's files are
+            // the node's secrets.
+            private::restrict_umask();
+            run::hub(&cli.hub)
+        }
     }
 }
 

@@ -38,12 +38,18 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         warn!(flags = %inert.join(" "), "yurthub flags accepted for compatibility have no effect in outpost");
     }
     create_dir(&v.root_dir, "--root-dir")?;
+    let mut private = vec![v.root_dir.as_path()];
     let edge = match v.working_mode {
         WorkingMode::Edge => {
             create_dir(&v.disk_cache_path, "--disk-cache-path")?;
+            private.push(&v.disk_cache_path);
+            tighten(&private);
             Some(open_cache(&v)?)
         }
-        WorkingMode::Cloud => None,
+        WorkingMode::Cloud => {
+            tighten(&private);
+            None
+        }
     };
     let files = identity_files(&v.identity)?;
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_file)
@@ -139,8 +145,34 @@ fn open_cache(v: &ValidatedHub) -> Result<EdgeConfig, StartupError> {
 }
 
 fn create_dir(path: &Path, flag: &str) -> Result<(), StartupError> {
-    std::fs::create_dir_all(path)
+    crate::private::create_dir(path)
         .map_err(|e| StartupError(format!("{flag}: cannot create {}: {e}", path.display())))
+}
+
+/// Makes what earlier runs left under the hub's directories private ([`crate::private`]); one
+/// log line when something was readable by others, one when something could not be checked.
+fn tighten(dirs: &[&Path]) {
+    let mut tightened = crate::private::Tightened::default();
+    for dir in dirs {
+        let found = crate::private::tighten(dir);
+        tightened.paths.extend(found.paths);
+        tightened.failed.extend(found.failed);
+    }
+    if let Some(first) = tightened.paths.first() {
+        warn!(
+            paths = tightened.paths.len(),
+            first = %first.display(),
+            "files of the hub were readable by other users; now 0600 (directories 0700)"
+        );
+    }
+    if let Some((path, error)) = tightened.failed.first() {
+        warn!(
+            paths = tightened.failed.len(),
+            first = %path.display(),
+            %error,
+            "cannot make some files of the hub private"
+        );
+    }
 }
 
 fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
