@@ -172,3 +172,145 @@ fn paths_under(dir: &Path) -> usize {
     }
     count
 }
+
+/// A component the edge cache does not serve: its failures reach it as they are.
+const CLIENT_UA: &str = "e2e-client/v1.0";
+
+/// Writes `head` and `body` on a fresh connection to `addr` and reads the answer (bounded by
+/// `within`); the connection stays open on the client's side, as a stalled client's does.
+async fn exchange_raw(
+    addr: std::net::SocketAddr,
+    head: &str,
+    body: &[u8],
+    within: Duration,
+) -> (support::RawResponse, Duration) {
+    let started = std::time::Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("head");
+    stream.write_all(body).await.expect("body");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read = tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            if let Some(end) = complete_response(&buf) {
+                buf.truncate(end);
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "no answer within {within:?}: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    (support::RawResponse::parse(&buf), started.elapsed())
+}
+
+/// The length of the first whole response in `buf` (one with a `Content-Length`), if there is
+/// one yet.
+fn complete_response(buf: &[u8]) -> Option<usize> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (buf.len() >= head_end + length).then_some(head_end + length)
+}
+
+fn assert_status(resp: &support::RawResponse, code: u16, reason: &str) -> String {
+    assert_eq!(
+        resp.status,
+        code,
+        "{:?}",
+        String::from_utf8_lossy(&resp.body)
+    );
+    let body = resp.json();
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["code"], code);
+    assert_eq!(body["reason"], reason, "{body}");
+    body["message"].as_str().unwrap_or_default().to_owned()
+}
+
+const CONFIGMAP: &[u8] = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-e2e"}}"#;
+
+/// The head of a POST of [`CONFIGMAP`] with `framing` (a header line) and `query`.
+fn post_head(framing: &str, query: &str) -> String {
+    format!(
+        "POST /api/v1/namespaces/default/configmaps{query} HTTP/1.1\r\nHost: x\r\n\
+         User-Agent: {CLIENT_UA}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\n{framing}\r\n",
+        support::ADMIN_TOKEN
+    )
+}
+
+/// What must hold after a client's body failed an exchange: the apiserver was neither
+/// suspected nor counted as failing, and nothing was created.
+async fn assert_not_blamed_on_the_apiserver(cluster: &Cluster, hub: &HubProcess) {
+    let log = hub.log_text();
+    assert!(
+        !log.contains("apiserver suspected"),
+        "the apiserver was suspected:\n{log}"
+    );
+    let metrics = support::metrics_text(hub).await;
+    assert!(
+        !metrics.contains("outpost_upstream_errors_total{"),
+        "counted as upstream errors:\n{metrics}"
+    );
+    assert!(
+        cluster
+            .fake
+            .get("v1/configmaps", Some("default"), "cm-e2e")
+            .is_none()
+    );
+}
+
+/// Item 12: a request body in broken chunked encoding is the client's fault: 400, and the log
+/// says so, instead of a 502 blaming the apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_is_a_400_put_down_to_the_client() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let mut chunked = format!("{:x}\r\n", 20).into_bytes();
+    chunked.extend_from_slice(&CONFIGMAP[..20]);
+    chunked.extend_from_slice(b"\r\nnot-a-chunk-size\r\n");
+    chunked.extend_from_slice(&CONFIGMAP[20..]);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    let head = post_head("Transfer-Encoding: chunked\r\n", "");
+    let (bad, _) = exchange_raw(hub.proxy, &head, &chunked, Duration::from_secs(10)).await;
+    let message = assert_status(&bad, 400, "BadRequest");
+    assert!(
+        message.contains("request body from the client"),
+        "{message}"
+    );
+    let log = hub.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("request failed")
+            && l.contains("malformed request body from the client")),
+        "{log}"
+    );
+    assert_not_blamed_on_the_apiserver(&cluster, &hub).await;
+}
+
+/// Item 12: a request body the client stops sending is a 408 at the request's deadline, not a
+/// 504 blaming the apiserver (which was waiting for the rest of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_never_ends_is_a_408() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let length = format!("Content-Length: {}\r\n", CONFIGMAP.len());
+    let head = post_head(&length, "?timeout=2s");
+    let (stalled, took) =
+        exchange_raw(hub.proxy, &head, &CONFIGMAP[..10], Duration::from_secs(10)).await;
+    let message = assert_status(&stalled, 408, "Timeout");
+    assert!(message.contains("the client did not send"), "{message}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_not_blamed_on_the_apiserver(&cluster, &hub).await;
+}

@@ -5,7 +5,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -85,6 +88,209 @@ impl<F: Future<Output = ()>> Body for Until<F> {
     }
 }
 
+/// The client's request body on its way through the hub, remembering how it went
+/// ([`ClientBody`]): a failed exchange is then put down to the client when its body was
+/// malformed or late, not to the apiserver. A body still unfinished at `deadline` fails.
+pub fn from_client(
+    body: hyper::body::Incoming,
+    deadline: Option<(tokio::time::Instant, Duration)>,
+) -> (RequestBody, ClientBody) {
+    let state = ClientBody::default();
+    let deadline = if body.is_end_stream() {
+        state.set(ClientBody::ENDED);
+        None
+    } else {
+        deadline.map(|(at, after)| (Box::pin(tokio::time::sleep_until(at)), after))
+    };
+    let watched = RequestBody {
+        inner: body,
+        state: state.clone(),
+        deadline,
+    };
+    (watched, state)
+}
+
+/// How a client's request body went so far: still arriving, ended, malformed (bad chunked
+/// encoding, cut short), or past the request's deadline.
+#[derive(Debug, Clone, Default)]
+pub struct ClientBody(Arc<ClientBodyState>);
+
+#[derive(Debug, Default)]
+struct ClientBodyState {
+    state: AtomicU8,
+    /// Why the body failed, when it did.
+    error: OnceLock<String>,
+}
+
+impl ClientBody {
+    const OPEN: u8 = 0;
+    const ENDED: u8 = 1;
+    const FAILED: u8 = 2;
+    const LATE: u8 = 3;
+
+    fn set(&self, state: u8) {
+        self.0.state.store(state, Ordering::Release);
+    }
+
+    fn get(&self) -> u8 {
+        self.0.state.load(Ordering::Acquire)
+    }
+
+    /// Why the body could not be read, when the client sent something that is not HTTP.
+    pub fn malformed(&self) -> Option<&str> {
+        (self.get() == Self::FAILED)
+            .then(|| self.0.error.get().map(String::as_str))
+            .flatten()
+    }
+
+    /// The body has not ended: the client is still sending, or stopped (or the deadline cut
+    /// it off).
+    pub fn unfinished(&self) -> bool {
+        matches!(self.get(), Self::OPEN | Self::LATE)
+    }
+
+    /// The deadline passed before the body ended.
+    pub fn late(&self) -> bool {
+        self.get() == Self::LATE
+    }
+}
+
+/// Why a client's request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    #[error(transparent)]
+    Http(#[from] hyper::Error),
+    #[error("the request body did not arrive within {0:?}")]
+    Late(Duration),
+}
+
+/// A client's request body, watched ([`from_client`]).
+pub struct RequestBody {
+    inner: hyper::body::Incoming,
+    state: ClientBody,
+    deadline: Option<(Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+impl RequestBody {
+    /// As the one body type of the proxy.
+    pub fn boxed_proxy(self) -> ProxyBody {
+        self.map_err(BoxError::from).boxed()
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        if matches!(self.state.get(), ClientBody::FAILED | ClientBody::LATE) {
+            return Poll::Ready(None);
+        }
+        let polled = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Pending => return self.poll_deadline(cx),
+            Poll::Ready(polled) => polled,
+        };
+        match &polled {
+            Some(Err(e)) => {
+                let _ = self.state.0.error.set(crate::upstream::error_chain(e));
+                self.state.set(ClientBody::FAILED);
+            }
+            None => self.state.set(ClientBody::ENDED),
+            Some(Ok(_)) if self.inner.is_end_stream() => self.state.set(ClientBody::ENDED),
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(polled.map(|frame| frame.map_err(RequestBodyError::from)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state.get(), ClientBody::FAILED | ClientBody::LATE)
+            || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl RequestBody {
+    fn poll_deadline(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let Some((sleep, after)) = &mut self.deadline else {
+            return Poll::Pending;
+        };
+        ready!(sleep.as_mut().poll(cx));
+        self.state.set(ClientBody::LATE);
+        Poll::Ready(Some(Err(RequestBodyError::Late(*after))))
+    }
+}
+
+/// A response body that must end by `deadline`: past it, the body fails with
+/// [`DeadlineExceeded`] (the client sees the connection cut, as kube-apiserver cuts a response
+/// past its request timeout; a body being collected becomes a 504).
+pub fn until_deadline(
+    body: ProxyBody,
+    deadline: tokio::time::Instant,
+    exceeded: DeadlineExceeded,
+) -> ProxyBody {
+    Deadline {
+        body,
+        sleep: Box::pin(tokio::time::sleep_until(deadline)),
+        exceeded: Some(exceeded),
+    }
+    .boxed()
+}
+
+/// Why a body was cut by [`until_deadline`]: who was sending it, and how long the request had.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("apiserver {server} did not finish its answer within the request's {after:?}")]
+pub struct DeadlineExceeded {
+    pub server: String,
+    pub after: Duration,
+}
+
+struct Deadline {
+    body: ProxyBody,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// Taken when the deadline fires; later polls end the body.
+    exceeded: Option<DeadlineExceeded>,
+}
+
+impl Body for Deadline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.exceeded.is_none() {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            return Poll::Ready(frame);
+        }
+        ready!(self.sleep.as_mut().poll(cx));
+        let exceeded = self.exceeded.take();
+        if let Some(e) = &exceeded {
+            tracing::warn!(server = %e.server, after = ?e.after, "response body not finished by the request's deadline; cut off");
+        }
+        Poll::Ready(exceeded.map(|e| Err(BoxError::from(e))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.exceeded.is_none() || self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The next newline-terminated line of a streamed body (a watch event), skipping blank lines;
 /// `None` at the body's end. `framer` keeps what has arrived beyond the line; the call is
 /// cancel-safe.
@@ -142,6 +348,40 @@ mod tests {
             .await
             .ok();
         assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_deadline_fails_with_who_and_how_long() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(4);
+        let inner = StreamBody::new(tokio_stream_from(rx)).boxed();
+        let exceeded = DeadlineExceeded {
+            server: "https://api:6443".into(),
+            after: Duration::from_millis(100),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let mut body = until_deadline(inner, deadline, exceeded);
+        tx.send(Ok(Frame::data(Bytes::from_static(b"{\"kind\""))))
+            .await
+            .unwrap();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "{\"kind\"", "what arrives in time goes through");
+        let err = body.frame().await.unwrap().unwrap_err();
+        let err = err.downcast_ref::<DeadlineExceeded>().expect("typed");
+        assert_eq!(err.server, "https://api:6443");
+        assert!(body.frame().await.is_none(), "ended after the error");
+        assert!(body.is_end_stream());
+        drop(tx);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_ends_in_time_is_untouched() {
+        let exceeded = DeadlineExceeded {
+            server: String::new(),
+            after: Duration::from_secs(60),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let body = until_deadline(full("{}"), deadline, exceeded);
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "{}");
     }
 
     fn tokio_stream_from<T: Send + 'static>(

@@ -1,9 +1,10 @@
 //! The proxy's error type and the one place errors become responses.
 //!
 //! Every failure a client can see goes through [`ProxyError::into_status`], so the mapping from
-//! cause to HTTP code lives here and nowhere else: malformed request → 400, no credentials on the
-//! secure port → 401, no upstream reachable → 503, upstream too slow → 504, upstream answered with
-//! something that is not HTTP → 502.
+//! cause to HTTP code lives here and nowhere else: malformed request (or request body) → 400, no
+//! credentials on the secure port → 401, a client that stops sending its body → 408, no upstream
+//! reachable → 503, upstream too slow → 504, upstream answered with something that is not HTTP →
+//! 502.
 
 use std::time::Duration;
 
@@ -18,6 +19,13 @@ pub enum ProxyError {
     /// The request could not be turned into an upstream request (e.g. an unusable path).
     #[error("malformed request: {0}")]
     InvalidRequest(String),
+    /// The client's request body is not valid HTTP (bad chunked encoding, cut short): the
+    /// client's fault, whatever the apiserver made of the part it got.
+    #[error("malformed request body from the client: {0}")]
+    ClientBody(String),
+    /// The client stopped sending its request body: nothing could answer it in time.
+    #[error("the client did not send its whole request body within {after:?}")]
+    ClientTimeout { after: Duration },
     /// A caller on the secure port without a bearer token: the node's identity is never lent.
     #[error("{0}")]
     Unauthenticated(String),
@@ -72,8 +80,11 @@ impl ProxyError {
     pub fn into_status(self) -> Status {
         let message = self.to_string();
         match self {
-            ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_) => {
-                Status::bad_request(message)
+            ProxyError::BadRequest(_)
+            | ProxyError::InvalidRequest(_)
+            | ProxyError::ClientBody(_) => Status::bad_request(message),
+            ProxyError::ClientTimeout { .. } => {
+                Status::new(Reason::Timeout, message).with_code(408)
             }
             ProxyError::Unauthenticated(_) => Status::new(Reason::Unauthorized, message),
             ProxyError::Unreachable { .. }
@@ -98,6 +109,8 @@ impl ProxyError {
     pub fn kind(&self) -> &'static str {
         match self {
             ProxyError::BadRequest(_) | ProxyError::InvalidRequest(_) => "bad_request",
+            ProxyError::ClientBody(_) => "client_body",
+            ProxyError::ClientTimeout { .. } => "client_timeout",
             ProxyError::Unauthenticated(_) => "unauthenticated",
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
             ProxyError::ConnectionLost { .. } => "connection_lost",
@@ -110,6 +123,21 @@ impl ProxyError {
             ProxyError::Cache(_) => "cache",
             ProxyError::Internal(_) => "internal",
             ProxyError::Local(_) => "local",
+        }
+    }
+
+    /// A response body that failed while the hub collected it: past the request's deadline
+    /// ([`crate::body::until_deadline`]) a timeout, otherwise a bad reply.
+    pub fn from_response_body(err: &crate::body::BoxError) -> ProxyError {
+        match err.downcast_ref::<crate::body::DeadlineExceeded>() {
+            Some(e) => ProxyError::Timeout {
+                server: e.server.clone(),
+                after: e.after,
+            },
+            None => ProxyError::BadReply {
+                server: "upstream".into(),
+                cause: format!("response body: {err}"),
+            },
         }
     }
 
@@ -134,6 +162,16 @@ mod tests {
     fn codes_are_mapped_in_one_place() {
         let cases = [
             (ProxyError::InvalidRequest("x".into()), 400),
+            (
+                ProxyError::ClientBody("invalid chunk size line".into()),
+                400,
+            ),
+            (
+                ProxyError::ClientTimeout {
+                    after: Duration::from_secs(2),
+                },
+                408,
+            ),
             (ProxyError::Unauthenticated("no token".into()), 401),
             (
                 ProxyError::Unreachable {

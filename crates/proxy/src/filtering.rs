@@ -177,10 +177,7 @@ impl Filtering {
 async fn collect_up_to(mut body: ProxyBody, max: usize) -> Result<Option<Bytes>, ProxyError> {
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| ProxyError::BadReply {
-            server: "upstream".into(),
-            cause: format!("response body: {e}"),
-        })?;
+        let frame = frame.map_err(|e| ProxyError::from_response_body(&e))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > max {
                 return Ok(None);

@@ -52,7 +52,7 @@ use crate::metrics::Metrics;
 use crate::multiplexer::Multiplexer;
 use crate::objects;
 use crate::route::{self, Route};
-use crate::upstream::Upstream;
+use crate::upstream::{Server, Upstream};
 
 /// The secure port's answer to a request without a bearer token.
 const NO_BEARER_TOKEN: &str =
@@ -103,6 +103,7 @@ impl Pipeline {
             },
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
+        let (req, exchange) = self.exchange(req, &info, started);
         let mut route = route::decide(
             &info,
             req.headers(),
@@ -115,6 +116,7 @@ impl Pipeline {
             route = route.for_secure_caller(caller, verified);
         }
         let chain = route.filter.clone();
+        let fallback = route.cache.clone().filter(|_| route.cache_may_answer);
         let shared = self
             .multiplexer
             .as_ref()
@@ -123,22 +125,65 @@ impl Pipeline {
         let result = match (&self.edge, route.cache.clone(), answered) {
             (_, _, Some(resp)) => Ok(resp),
             _ if route.tunnel => self.tunnel(route, &info, req).await,
-            _ if route.kubelet.is_some() => self.kubelet(route, &info, req).await,
+            _ if route.kubelet.is_some() => self.kubelet(route, &info, req, &exchange).await,
             (Some(edge), Some(plan), None) if route.local => {
                 edge.serve(plan, &info, req.headers()).await
             }
-            _ => self.remote(route, &info, req).await,
+            _ => self.remote(route, &info, req, &exchange).await,
         };
         if let (Some(shared), Ok(resp)) = (&shared, &result) {
             shared.learn(resp);
         }
         let result = match (&self.filtering, chain, result) {
             (Some(filtering), Some(chain), Ok(resp)) => {
-                filtering.apply(chain, info.verb, resp).await
+                let filtered = filtering.apply(chain, info.verb, resp).await;
+                self.after_failed_body(filtered, fallback, &info).await
             }
             (_, _, result) => result,
         };
+        let result = result.map_err(|e| exchange.blame(e));
         self.respond(Some(&info), result, started, Some(in_flight))
+    }
+
+    /// The request with its body watched, and the bounds of the exchange: a request that is not
+    /// long-running (a watch, logs, exec, proxy) must be over, response body included, by
+    /// the client's `?timeout=` or else the upstream request timeout (60 s: kube-apiserver's
+    /// `--request-timeout`, which caps `?timeout=` the same way). kube-apiserver gives a
+    /// request no longer, so an answer that takes longer is not coming.
+    fn exchange(
+        &self,
+        req: Request<Incoming>,
+        info: &RequestInfo,
+        started: Instant,
+    ) -> (Request<body::RequestBody>, Exchange) {
+        let length = self.upstream.header_deadline(info.query.timeout);
+        let deadline =
+            (!info.is_long_running()).then(|| tokio::time::Instant::from_std(started) + length);
+        let (parts, body) = req.into_parts();
+        let (body, client_body) = body::from_client(body, deadline.map(|at| (at, length)));
+        let exchange = Exchange {
+            deadline,
+            length,
+            client_body,
+        };
+        (Request::from_parts(parts, body), exchange)
+    }
+
+    /// A cached read whose upstream body failed while it was collected (for the filters) is
+    /// answered from the cache when the cloud is judged unreachable by then, as a failure
+    /// before the headers is ([`Pipeline::remote`]); otherwise the failure stands.
+    async fn after_failed_body(
+        &self,
+        result: Result<Response<ProxyBody>, ProxyError>,
+        plan: Option<CachePlan>,
+        info: &RequestInfo,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        match (&result, &self.edge, plan) {
+            (Err(e), Some(edge), Some(plan)) if e.is_upstream() && edge.is_offline() => {
+                edge.serve(plan, info, &http::HeaderMap::new()).await
+            }
+            _ => result,
+        }
     }
 
     /// Stage 3b for kubelet's requests the hub answers itself ([`crate::autonomy`]).
@@ -146,40 +191,44 @@ impl Pipeline {
         &self,
         route: Route,
         info: &RequestInfo,
-        req: Request<Incoming>,
+        req: Request<body::RequestBody>,
+        exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (Some(autonomy), Some(which)) = (&self.autonomy, route.kubelet) else {
-            return self.remote(route, info, req).await;
+            return self.remote(route, info, req, exchange).await;
         };
         match which {
             KubeletRequest::Lease => match &autonomy.lease {
-                Some(lease) => self.kubelet_lease(lease, route, info, req).await,
-                None => self.remote(route, info, req).await,
+                Some(lease) => self.kubelet_lease(lease, route, info, req, exchange).await,
+                None => self.remote(route, info, req, exchange).await,
             },
             KubeletRequest::NodeStatus => match &autonomy.node_status {
                 Some(status) => status.accept(req.into_body()).await,
-                None => self.remote(route, info, req).await,
+                None => self.remote(route, info, req, exchange).await,
             },
-            KubeletRequest::Token => self.token(&autonomy.tokens, route, info, req).await,
+            KubeletRequest::Token => {
+                self.token(&autonomy.tokens, route, info, req, exchange)
+                    .await
+            }
             KubeletRequest::PodStatus => {
                 let (parts, body) = req.into_parts();
                 autonomy
                     .pods
-                    .accept(info, &parts.headers, body::stream(body))
+                    .accept(info, &parts.headers, body.boxed_proxy())
                     .await
             }
             KubeletRequest::Event => {
                 let (parts, body) = req.into_parts();
                 autonomy
                     .events
-                    .accept(info, &parts.headers, body::stream(body))
+                    .accept(info, &parts.headers, body.boxed_proxy())
                     .await
             }
             KubeletRequest::Registration => {
                 let (parts, body) = req.into_parts();
                 autonomy
                     .registration
-                    .answer(&parts.headers, body::stream(body))
+                    .answer(&parts.headers, body.boxed_proxy())
                     .await
             }
         }
@@ -193,18 +242,19 @@ impl Pipeline {
         tokens: &Tokens,
         route: Route,
         info: &RequestInfo,
-        req: Request<Incoming>,
+        req: Request<body::RequestBody>,
+        exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let (parts, body) = req.into_parts();
         let request =
-            objects::read_request(&parts.headers, body::stream(body), tokens::MAX_BODY).await?;
+            objects::read_request(&parts.headers, body.boxed_proxy(), tokens::MAX_BODY).await?;
         let key = TokenKey::of(info, &request.object)?;
         let cloud_down = self.edge.as_ref().is_some_and(Edge::is_offline);
         if cloud_down {
             return tokens.answer(&key, &parts.headers).await;
         }
         let req = Request::from_parts(parts.clone(), body::full(request.bytes));
-        let sent = self.remote_streamed(route, info, req).await;
+        let sent = self.remote_streamed(route, info, req, exchange).await;
         let cloud_failed = match &sent {
             Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
             Ok(resp) => is_cloud_failure(resp.status()),
@@ -236,16 +286,17 @@ impl Pipeline {
         lease: &LocalLease,
         route: Route,
         info: &RequestInfo,
-        req: Request<Incoming>,
+        req: Request<body::RequestBody>,
+        exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let seeding = req.method() == http::Method::GET && lease.is_empty() && !route.local;
         if !seeding {
             let (parts, body) = req.into_parts();
             return lease
-                .serve(&parts.method, &parts.headers, body::stream(body))
+                .serve(&parts.method, &parts.headers, body.boxed_proxy())
                 .await;
         }
-        let resp = self.remote(route, info, req).await?;
+        let resp = self.remote(route, info, req, exchange).await?;
         if resp.status() != StatusCode::OK {
             return Ok(resp);
         }
@@ -253,10 +304,7 @@ impl Pipeline {
         let bytes = body
             .collect()
             .await
-            .map_err(|e| ProxyError::BadReply {
-                server: "lease".into(),
-                cause: e.to_string(),
-            })?
+            .map_err(|e| ProxyError::from_response_body(&e))?
             .to_bytes();
         let content_type = parts
             .headers
@@ -273,10 +321,16 @@ impl Pipeline {
         &self,
         route: Route,
         info: &RequestInfo,
-        req: Request<Incoming>,
+        req: Request<body::RequestBody>,
+        exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        self.remote_streamed(route, info, req.map(body::stream))
-            .await
+        self.remote_streamed(
+            route,
+            info,
+            req.map(body::RequestBody::boxed_proxy),
+            exchange,
+        )
+        .await
     }
 
     /// [`Self::remote`] for a request whose body is already a [`ProxyBody`].
@@ -285,19 +339,22 @@ impl Pipeline {
         route: Route,
         info: &RequestInfo,
         req: Request<ProxyBody>,
+        exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let deadline = self.deadline(info, route.cache.as_ref());
+        let per_attempt = self.deadline(info, route.cache.as_ref());
         let (parts, body) = req.into_parts();
         let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
         let mut body = Some(body);
         let mut sent = Err(ProxyError::NoUpstream);
         let mut outage = None;
         let mut avoid = None;
+        let mut served_by = None;
         for attempt in 0..MAX_READ_ATTEMPTS {
             // With no server left to try, the last error stands.
             let Some(server) = self.upstream.pick_except(avoid) else {
                 break;
             };
+            served_by = Some(server);
             let mut upstream_req =
                 upstream_request(&parts, body.take().unwrap_or_else(body::empty));
             if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
@@ -308,7 +365,9 @@ impl Pipeline {
             }
             // Taken before the send, so an outage during it still ends the watch.
             outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
+            let deadline = exchange.header_deadline(per_attempt);
             sent = self.send(server, &route, upstream_req, deadline).await;
+            sent = sent.map_err(|e| exchange.blame(e));
             self.note_outcome(server, &sent);
             let Err(e) = &sent else { break };
             if !(retryable && attempt + 1 < MAX_READ_ATTEMPTS) {
@@ -328,7 +387,10 @@ impl Pipeline {
             self.judge_token(token, resp.status());
         }
         let Some(edge) = &self.edge else {
-            return Ok(ended_by(outage, client_response(sent?, false)));
+            return Ok(ended_by(
+                outage,
+                exchange.bound(client_response(sent?, false), served_by),
+            ));
         };
         let fall_back = match &sent {
             Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
@@ -352,7 +414,10 @@ impl Pipeline {
             debug!(error = %cached.err().map(|e| e.to_string()).unwrap_or_default(),
                 "upstream failed and the cache cannot answer; passing the upstream's answer on");
         }
-        let resp = ended_by(outage, client_response(sent?, false));
+        let resp = ended_by(
+            outage,
+            exchange.bound(client_response(sent?, false), served_by),
+        );
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
@@ -402,6 +467,8 @@ impl Pipeline {
     ) {
         let states = self.upstream.states();
         match sent {
+            // The client's own body failed the exchange: nothing to say about the server.
+            Err(ProxyError::ClientBody(_) | ProxyError::ClientTimeout { .. }) => {}
             Err(e) => {
                 self.count_upstream_error(&server.label(), e);
                 match e {
@@ -438,13 +505,13 @@ impl Pipeline {
         &self,
         route: Route,
         info: &RequestInfo,
-        mut req: Request<Incoming>,
+        mut req: Request<body::RequestBody>,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let client_side = hyper::upgrade::on(&mut req);
         let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
         let deadline = self.upstream.header_deadline(info.query.timeout);
         let (parts, body) = req.into_parts();
-        let upstream_req = upstream_request_with(&parts, body::stream(body), true);
+        let upstream_req = upstream_request_with(&parts, body.boxed_proxy(), true);
         let mut resp = self
             .upstream
             .send(server, route.identity, upstream_req, deadline)
@@ -515,6 +582,53 @@ impl Pipeline {
             .upstream_errors
             .with_label_values(&[server, err.kind()])
             .inc();
+    }
+}
+
+/// The bounds of one client exchange and how the client's request body went
+/// ([`Pipeline::exchange`]).
+struct Exchange {
+    /// `None` for a long-running request (watch, logs, exec, proxy): no overall bound.
+    deadline: Option<tokio::time::Instant>,
+    /// How long the exchange may take in all.
+    length: std::time::Duration,
+    client_body: body::ClientBody,
+}
+
+impl Exchange {
+    /// How long one attempt may wait for response headers: `per_attempt`, within what is left
+    /// of the exchange (a retry does not get the whole time again).
+    fn header_deadline(&self, per_attempt: std::time::Duration) -> std::time::Duration {
+        match self.deadline {
+            Some(deadline) => per_attempt.min(deadline - tokio::time::Instant::now()),
+            None => per_attempt,
+        }
+    }
+
+    /// A response whose body must end with the exchange ([`body::until_deadline`]).
+    fn bound(&self, resp: Response<ProxyBody>, server: Option<&Server>) -> Response<ProxyBody> {
+        let Some(deadline) = self.deadline else {
+            return resp;
+        };
+        let exceeded = body::DeadlineExceeded {
+            server: server.map(Server::label).unwrap_or_default(),
+            after: self.length,
+        };
+        resp.map(|b| body::until_deadline(b, deadline, exceeded))
+    }
+
+    /// Puts a failure down to the client when its request body caused it: a malformed body is
+    /// a 400 whatever the apiserver made of it, and a body still unfinished when the time ran
+    /// out (the apiserver was waiting for the rest) a 408.
+    fn blame(&self, err: ProxyError) -> ProxyError {
+        if let Some(cause) = self.client_body.malformed() {
+            return ProxyError::ClientBody(cause.to_owned());
+        }
+        let timed_out = matches!(err, ProxyError::Timeout { .. }) || self.client_body.late();
+        if timed_out && self.client_body.unfinished() {
+            return ProxyError::ClientTimeout { after: self.length };
+        }
+        err
     }
 }
 
