@@ -314,3 +314,204 @@ async fn a_request_body_that_never_ends_is_a_408() {
     assert!(took < Duration::from_secs(5), "{took:?}");
     assert_not_blamed_on_the_apiserver(&cluster, &hub).await;
 }
+
+/// A GET as seen on the wire: the response head, when the first body byte came and when the
+/// connection ended (both from the start), and the body bytes as sent (framing included).
+struct Timed {
+    head: String,
+    first_byte: Option<Duration>,
+    ended: Duration,
+    raw_body: Vec<u8>,
+}
+
+impl Timed {
+    fn status(&self) -> u16 {
+        self.head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("status line in {}", self.head))
+    }
+
+    /// Whether the body arrived whole: its declared length, or chunked up to the last chunk.
+    fn complete(&self) -> bool {
+        let head = self.head.to_ascii_lowercase();
+        match head.lines().find_map(|l| l.strip_prefix("content-length:")) {
+            Some(length) => length.trim().parse() == Ok(self.raw_body.len()),
+            None => self.raw_body.ends_with(b"0\r\n\r\n"),
+        }
+    }
+
+    fn parsed(&self) -> support::RawResponse {
+        let mut whole = self.head.clone().into_bytes();
+        whole.extend_from_slice(&self.raw_body);
+        support::RawResponse::parse(&whole)
+    }
+}
+
+/// `GET path` on a fresh connection (`Connection: close`), read until the hub closes it or
+/// `within` passes (which fails the test).
+async fn timed_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    user_agent: &str,
+    token: Option<&str>,
+    within: Duration,
+) -> Timed {
+    let started = std::time::Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {user_agent}\r\nAccept: application/json\r\n{auth}Connection: close\r\n\r\n"
+    );
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let read = tokio::time::timeout(within, async {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = stream.read(&mut byte).await.expect("read");
+            assert_eq!(n, 1, "closed before the response head");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let (mut raw_body, mut first_byte) = (Vec::new(), None);
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stream.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            first_byte.get_or_insert_with(|| started.elapsed());
+            raw_body.extend_from_slice(&chunk[..n]);
+        }
+        Timed {
+            head,
+            first_byte,
+            ended: started.elapsed(),
+            raw_body,
+        }
+    })
+    .await;
+    read.unwrap_or_else(|_| panic!("GET {path}: not over within {within:?}"))
+}
+
+fn pod(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": support::NODE, "containers": [{"name": "c", "image": "busybox"}]}
+    })
+}
+
+/// Item 8: an apiserver that sends the headers of kubelet's GET and then nothing no longer
+/// holds kubelet: at the request's `?timeout=` a body held for kubelet's filters is a 504, and
+/// a streamed one is cut off, unfinished (kube-apiserver does the same past its deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_stalls_after_its_headers_ends_at_the_deadline() {
+    let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("stalled")).unwrap();
+    let hub = cluster.start_hub();
+    cluster.fake.slow_bodies_under("/api/v1/", None);
+
+    let held = "/api/v1/namespaces/default/pods/stalled?timeout=3s";
+    let held = timed_get(hub.proxy, held, KUBELET_UA, None, Duration::from_secs(20)).await;
+    let message = assert_status(&held.parsed(), 504, "Timeout");
+    assert!(message.contains("within 3s"), "{message}");
+    assert!(
+        (Duration::from_millis(2_500)..Duration::from_secs(6)).contains(&held.ended),
+        "{:?}",
+        held.ended
+    );
+
+    let streamed = format!("/api/v1/nodes/{}?timeout=3s", support::NODE);
+    let streamed = timed_get(
+        hub.proxy,
+        &streamed,
+        KUBELET_UA,
+        None,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(streamed.status(), 200);
+    assert!(
+        !streamed.complete(),
+        "{:?}",
+        String::from_utf8_lossy(&streamed.raw_body)
+    );
+    assert!(
+        (Duration::from_millis(2_500)..Duration::from_secs(6)).contains(&streamed.ended),
+        "{:?}",
+        streamed.ended
+    );
+    let log = hub.log_text();
+    assert!(log.contains("cut off"), "{log}");
+}
+
+/// Item 8: a cached read whose answer stalls after its headers is answered from the cache
+/// once the cloud is judged unreachable (here it goes silent meanwhile), at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_cached_read_is_answered_from_the_cache_once_the_cloud_is_gone() {
+    let cluster = Cluster::start().await;
+    cluster.fake.create("v1/pods", pod("cached")).unwrap();
+    let hub = cluster.start_hub();
+    let path = "/api/v1/namespaces/default/pods/cached";
+    let fresh = timed_get(hub.proxy, path, KUBELET_UA, None, Duration::from_secs(10)).await;
+    assert_eq!(fresh.status(), 200);
+
+    cluster.fake.slow_bodies_under("/api/v1/", None);
+    let addr = hub.proxy;
+    let stalled = tokio::spawn(async move {
+        let path = "/api/v1/namespaces/default/pods/cached?timeout=15s";
+        timed_get(addr, path, KUBELET_UA, None, Duration::from_secs(30)).await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.fake.blackhole();
+    let answer = stalled.await.unwrap();
+    cluster.fake.restore().await;
+    let resp = answer.parsed();
+    assert_eq!(
+        resp.status,
+        200,
+        "{:?}\n{}",
+        String::from_utf8_lossy(&resp.body),
+        hub.log_text()
+    );
+    assert_eq!(resp.json()["metadata"]["name"], "cached");
+    assert!(answer.ended > Duration::from_secs(10), "{:?}", answer.ended);
+}
+
+/// Item 8: what no filter can change streams through: kubelet's GET of a ConfigMap other than
+/// `kube-system/kube-proxy` (the only one `inclusterconfig` rewrites) gets its first bytes as
+/// they come, not after the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_answer_no_filter_changes_streams_through() {
+    let cluster = Cluster::start().await;
+    let configmap = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "app", "namespace": "default"},
+        "data": {"settings": "x".repeat(600)}
+    });
+    cluster.fake.create("v1/configmaps", configmap).unwrap();
+    let hub = cluster.start_hub();
+    cluster.fake.slow_bodies_under(
+        "/api/v1/namespaces/default/configmaps",
+        Some(Duration::from_millis(100)),
+    );
+    let path = "/api/v1/namespaces/default/configmaps/app";
+    let token = Some(support::ADMIN_TOKEN);
+    let got = timed_get(hub.proxy, path, KUBELET_UA, token, Duration::from_secs(30)).await;
+    assert_eq!(got.status(), 200);
+    assert!(got.complete());
+    assert_eq!(got.parsed().json()["data"]["settings"], "x".repeat(600));
+    let first = got.first_byte.expect("a body");
+    assert!(
+        got.ended > Duration::from_secs(3),
+        "the trickle took {:?}",
+        got.ended
+    );
+    assert!(
+        first < Duration::from_millis(1_500),
+        "first byte after {first:?}"
+    );
+}

@@ -72,6 +72,20 @@ impl Chain {
         self.filters.push(filter);
     }
 
+    /// The chain for a request that names `namespace` and `name` (empty: any): without the
+    /// filters that can only change another object ([`Filter::only_object`]); `None` when
+    /// none is left, and the response then streams through untouched.
+    pub(crate) fn for_object(mut self, namespace: &str, name: &str) -> Option<Chain> {
+        let may_change = |f: &&'static dyn Filter| {
+            f.only_object().is_none_or(|(ns, n)| {
+                (namespace.is_empty() || namespace == ns) && (name.is_empty() || name == n)
+            })
+        };
+        self.filters.retain(may_change);
+        self.reads_spec = self.filters.iter().any(|f| f.peeks_at_spec_type());
+        (!self.filters.is_empty()).then_some(self)
+    }
+
     /// The filters' names, in application order (for logs and metrics).
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.filters.iter().map(|f| f.name())

@@ -143,7 +143,9 @@ impl FilterSet {
     }
 
     /// The chain for a classified request; `None` when no filter applies (non-resource
-    /// requests and requests without a User-Agent included).
+    /// requests and requests without a User-Agent included), also when the request names an
+    /// object (by path or `metadata.name` field selector) or a namespace that the applicable
+    /// filters can never change.
     pub fn for_request(&self, info: &RequestInfo) -> Option<Chain> {
         if !info.is_resource_request {
             return None;
@@ -155,7 +157,8 @@ impl FilterSet {
             &info.resource,
             &info.subresource,
             info.verb,
-        )
+        )?
+        .for_object(&info.namespace, &info.name)
     }
 
     /// [`FilterSet::for_request`] from the parts; `component` is already lower-cased.
@@ -475,5 +478,47 @@ mod tests {
             Some("kubelet/v1.32.0"),
         );
         assert_eq!(chain_names(set.for_request(&cm)), ["inclusterconfig"]);
+    }
+
+    /// A filter that only ever changes one object leaves requests for others alone, so their
+    /// answers stream through instead of being held for filtering.
+    #[test]
+    fn a_request_for_another_object_gets_no_single_object_filter() {
+        let set = FilterSet::new(&FilterConfig::default());
+        let names = |path: &str, ua: &str| {
+            chain_names(
+                set.for_request(&RequestInfo::classify(&Method::GET, path, Some(ua)).unwrap()),
+            )
+        };
+        const KUBELET: &str = "kubelet/v1.32.0";
+        assert!(names("/api/v1/namespaces/default/configmaps/app", KUBELET).is_empty());
+        assert!(names("/api/v1/namespaces/kube-system/configmaps/coredns", KUBELET).is_empty());
+        assert!(names("/api/v1/namespaces/default/configmaps", KUBELET).is_empty());
+        assert!(
+            names(
+                "/api/v1/namespaces/kube-system/configmaps?fieldSelector=metadata.name%3Dkube-root-ca.crt",
+                KUBELET
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            names("/api/v1/namespaces/kube-system/configmaps", KUBELET),
+            ["inclusterconfig"]
+        );
+        assert_eq!(names("/api/v1/configmaps", KUBELET), ["inclusterconfig"]);
+        assert_eq!(
+            names(
+                "/api/v1/configmaps?fieldSelector=metadata.name%3Dkube-proxy&watch=true",
+                KUBELET
+            ),
+            ["inclusterconfig"]
+        );
+        const KUBE_PROXY: &str = "kube-proxy/v1.32.0";
+        let slices = "/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices";
+        assert_eq!(names(slices, KUBE_PROXY), ["servicetopology"]);
+        assert_eq!(
+            names("/api/v1/namespaces/default/pods/p", KUBELET),
+            ["serviceenvupdater"]
+        );
     }
 }

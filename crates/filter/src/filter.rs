@@ -101,6 +101,13 @@ pub trait Filter: Send + Sync + 'static {
             .find(|r| r.matches(group, version, resource, verb))
     }
 
+    /// The one object (namespace, name) the filter can change, for a filter that only ever
+    /// touches one; `None`: any object. A request that names another object or namespace gets
+    /// nothing from the filter, so its response need not wait for it ([`crate::Chain`]).
+    fn only_object(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
     /// Whether [`Filter::peek`] reads [`Head::spec_type`]. Heads are otherwise read only up to
     /// `metadata`, which spares scanning the (large) spec of Pods.
     fn peeks_at_spec_type(&self) -> bool {

@@ -213,12 +213,51 @@ pub async fn serve(
         resp
     };
     shared.record(record(&parts, &info, &user, resp.status().as_u16()));
+    let resp = match shared.faults.body_pace(&path) {
+        Some(pace) => slow_body(resp, pace).await,
+        None => resp,
+    };
     if resp.status() == hyper::StatusCode::SWITCHING_PROTOCOLS
         && let Some(on_upgrade) = on_upgrade
     {
         tokio::spawn(echo_session(on_upgrade));
     }
     Ok(resp)
+}
+
+/// `resp` with its body sent `PACED_BYTES` at a time, one piece per `pace`, or (`None`) never:
+/// the `slow_bodies_under` fault. The headers go out at once, without a length.
+async fn slow_body(resp: Response<Body>, pace: Option<std::time::Duration>) -> Response<Body> {
+    const PACED_BYTES: usize = 16;
+    type Frames = std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, reply::BoxError>>
+                + Send
+                + Sync,
+        >,
+    >;
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let frames: Frames = match pace {
+        None => Box::pin(futures_util::stream::pending()),
+        Some(pace) => Box::pin(futures_util::stream::unfold(0, move |sent| {
+            let bytes = bytes.clone();
+            async move {
+                if sent >= bytes.len() {
+                    return None;
+                }
+                tokio::time::sleep(pace).await;
+                let end = (sent + PACED_BYTES).min(bytes.len());
+                Some((Ok(http_body::Frame::data(bytes.slice(sent..end))), end))
+            }
+        })),
+    };
+    Response::from_parts(parts, http_body_util::StreamBody::new(frames).boxed())
 }
 
 /// Stands in for the container side of exec/attach/port-forward: echoes every byte back, like

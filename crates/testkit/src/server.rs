@@ -449,6 +449,16 @@ impl FakeApiServer {
             .set_hang_up_under(Some((prefix.to_owned(), times)));
     }
 
+    /// Answers requests whose path starts with `prefix` with their status and headers at
+    /// once, then their body at `pace` (a few bytes per tick), or with `None` never: an
+    /// apiserver, or a proxy in front of it, that stalls or trickles mid-answer. New
+    /// connections, probes and other paths work.
+    pub fn slow_bodies_under(&self, prefix: &str, pace: Option<Duration>) {
+        self.shared
+            .faults
+            .set_slow_bodies_under(Some((prefix.to_owned(), pace)));
+    }
+
     /// Aborts every open watch stream mid-body (the connection drops without a final chunk).
     pub fn cut_watches(&self) {
         self.shared.cut.send_modify(|generation| *generation += 1);
@@ -461,6 +471,7 @@ impl FakeApiServer {
         self.shared.faults.set_fail_under(None);
         self.shared.faults.set_hang_up_under(None);
         self.shared.faults.set_delay_under(None);
+        self.shared.faults.set_slow_bodies_under(None);
         self.shared.faults.set_blackhole(false);
         if lock(&self.listener).is_none() {
             self.rebind().await;

@@ -49,6 +49,9 @@ pub(crate) struct Faults {
     /// Requests under this path prefix are answered this much later (a slow server for some
     /// requests only: its probes and other reads are answered at once).
     delay_under: Mutex<Option<(String, Duration)>>,
+    /// Answers under this path prefix send their headers, then their body at this pace (a few
+    /// bytes per tick), or with `None` nothing at all.
+    slow_bodies_under: Mutex<Option<(String, Option<Duration>)>>,
     blackhole: watch::Sender<bool>,
 }
 
@@ -60,6 +63,7 @@ impl Faults {
             fail_under: Mutex::new(None),
             hang_up_under: Mutex::new(None),
             delay_under: Mutex::new(None),
+            slow_bodies_under: Mutex::new(None),
             blackhole: watch::channel(false).0,
         }
     }
@@ -113,6 +117,19 @@ impl Faults {
 
     pub fn set_hang_up_under(&self, prefix_and_times: Option<(String, usize)>) {
         *lock(&self.hang_up_under) = prefix_and_times;
+    }
+
+    /// How the body of an answer to `path` is to be sent: `None` as usual, `Some(None)` never,
+    /// `Some(Some(pace))` a few bytes per `pace`.
+    pub fn body_pace(&self, path: &str) -> Option<Option<Duration>> {
+        lock(&self.slow_bodies_under)
+            .as_ref()
+            .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .map(|(_, pace)| *pace)
+    }
+
+    pub fn set_slow_bodies_under(&self, prefix_and_pace: Option<(String, Option<Duration>)>) {
+        *lock(&self.slow_bodies_under) = prefix_and_pace;
     }
 
     pub fn set_fail(&self, code: Option<u16>) {

@@ -42,6 +42,10 @@ impl Filter for InClusterConfig {
         &[CONFIGMAPS]
     }
 
+    fn only_object(&self) -> Option<(&'static str, &'static str)> {
+        Some((NAMESPACE, NAME))
+    }
+
     fn peek(&self, head: &Head<'_>, _: &FilterContext) -> Peek {
         if head.is(NAMESPACE, NAME) {
             Peek::Inspect

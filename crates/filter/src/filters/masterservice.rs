@@ -30,6 +30,10 @@ impl Filter for MasterService {
         &[SERVICES]
     }
 
+    fn only_object(&self) -> Option<(&'static str, &'static str)> {
+        Some((KUBERNETES_NAMESPACE, KUBERNETES_NAME))
+    }
+
     fn peek(&self, head: &Head<'_>, _: &FilterContext) -> Peek {
         if head.is(KUBERNETES_NAMESPACE, KUBERNETES_NAME) {
             Peek::Inspect
