@@ -116,7 +116,13 @@ impl Pipeline {
             route = route.for_secure_caller(caller, verified);
         }
         let chain = route.filter.clone();
-        let fallback = route.cache.clone().filter(|_| route.cache_may_answer);
+        // A body held for the filters may fail after the headers came: the cache may answer.
+        let fallback = match (&route.cache, &chain) {
+            (Some(plan), Some(_)) if route.cache_may_answer => {
+                Some((plan.clone(), req.headers().clone()))
+            }
+            _ => None,
+        };
         let shared = self
             .multiplexer
             .as_ref()
@@ -170,17 +176,18 @@ impl Pipeline {
     }
 
     /// A cached read whose upstream body failed while it was collected (for the filters) is
-    /// answered from the cache when the cloud is judged unreachable by then, as a failure
-    /// before the headers is ([`Pipeline::remote`]); otherwise the failure stands.
+    /// answered as one that failed before its headers ([`cached_instead`]).
     async fn after_failed_body(
         &self,
         result: Result<Response<ProxyBody>, ProxyError>,
-        plan: Option<CachePlan>,
+        fallback: Option<(CachePlan, http::HeaderMap)>,
         info: &RequestInfo,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        match (&result, &self.edge, plan) {
-            (Err(e), Some(edge), Some(plan)) if e.is_upstream() && edge.is_offline() => {
-                edge.serve(plan, info, &http::HeaderMap::new()).await
+        match (&result, &self.edge, fallback) {
+            (Err(e), Some(edge), Some((plan, headers))) if e.is_upstream() => {
+                cached_instead(edge, plan, info, &headers, false)
+                    .await
+                    .unwrap_or(result)
             }
             _ => result,
         }
@@ -403,16 +410,12 @@ impl Pipeline {
                         .into(),
                 ));
             }
-            let cached = edge.serve(plan.clone(), info, &parts.headers).await;
-            // A server that answered badly while the cloud is up is not an outage: the cache
-            // helps where it holds the answer, and otherwise the upstream's own answer stands
-            // (never a cache miss worded as if the cloud were gone).
-            let cloud_down = edge.is_offline() || matches!(sent, Err(ProxyError::Offline(_)));
-            if cloud_down || cached.is_ok() {
+            let gave_up = matches!(sent, Err(ProxyError::Offline(_)));
+            if let Some(cached) =
+                cached_instead(edge, plan.clone(), info, &parts.headers, gave_up).await
+            {
                 return cached;
             }
-            debug!(error = %cached.err().map(|e| e.to_string()).unwrap_or_default(),
-                "upstream failed and the cache cannot answer; passing the upstream's answer on");
         }
         let resp = ended_by(
             outage,
@@ -689,6 +692,27 @@ pub fn classify<B>(req: &Request<B>) -> Result<RequestInfo, ProxyError> {
         path_and_query,
         user_agent,
     )?)
+}
+
+/// The cache's answer to a cached read whose upstream exchange failed, when it may stand in:
+/// the cloud is judged unreachable (or the send `gave_up` waiting for it), or the cache holds
+/// the answer. A server that answered badly while the cloud is up is not an outage, so
+/// otherwise (`None`) the upstream's own answer stands, never a cache miss worded as if the
+/// cloud were gone.
+async fn cached_instead(
+    edge: &Edge,
+    plan: CachePlan,
+    info: &RequestInfo,
+    headers: &http::HeaderMap,
+    gave_up: bool,
+) -> Option<Result<Response<ProxyBody>, ProxyError>> {
+    let cached = edge.serve(plan, info, headers).await;
+    if edge.is_offline() || gave_up || cached.is_ok() {
+        return Some(cached);
+    }
+    debug!(error = %cached.err().map(|e| e.to_string()).unwrap_or_default(),
+        "upstream failed and the cache cannot answer; passing the upstream's answer on");
+    None
 }
 
 /// An upstream answer a cached read falls back on the cache for (501 is a real answer).
