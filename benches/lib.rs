@@ -78,6 +78,7 @@ impl Upstream {
             secure: None,
             dummy_if: None,
             token_bootstrap: None,
+            clients: Default::default(),
         }
     }
 

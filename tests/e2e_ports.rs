@@ -515,3 +515,197 @@ async fn a_trickling_answer_no_filter_changes_streams_through() {
         "first byte after {first:?}"
     );
 }
+
+/// Connections that send a request head a few bytes at a time and never finish it.
+async fn slowloris(addr: std::net::SocketAddr, count: usize) -> Vec<tokio::net::TcpStream> {
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let _ = socket
+            .write_all(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        sockets.push(socket);
+    }
+    sockets
+}
+
+/// One more header line on every socket still open.
+async fn trickle(sockets: &mut [tokio::net::TcpStream]) {
+    for socket in sockets.iter_mut() {
+        let _ = socket.write_all(b"X-Slow: 1\r\n").await;
+    }
+}
+
+/// How many of `sockets` the hub has closed (a read ends or fails at once).
+async fn closed_by_the_hub(sockets: &mut [tokio::net::TcpStream]) -> usize {
+    let mut closed = 0;
+    let mut buf = [0u8; 512];
+    for socket in sockets.iter_mut() {
+        match tokio::time::timeout(Duration::from_millis(20), socket.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => closed += 1,
+            Ok(Ok(_)) | Err(_) => {}
+        }
+    }
+    closed
+}
+
+/// Item 9: 300 slowloris connections against a hub limited to 256 open files. Before, they
+/// held the port (and every descriptor): kubelet's LIST and `/v1/healthz` failed and each
+/// failed accept was logged. Now the proxy port keeps within its cap (each newcomer takes the
+/// slot of the connection that waited longest for a head), kubelet's LIST and the admin port
+/// answer meanwhile, every slowloris connection is closed by the header-read timeout, and
+/// nothing runs out of descriptors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_connections_are_cut_and_kubelet_gets_through_under_a_low_fd_limit() {
+    let cluster = Cluster::start().await;
+    let mut args = cluster.hub_args();
+    args.push("--client-header-timeout=3s".into());
+    let hub = HubProcess::spawn_wrapped(&["prlimit", "--nofile=256:256", "--"], &args);
+    let list = format!(
+        "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+        support::NODE
+    );
+    assert_eq!(get(hub.proxy, &list, KUBELET_UA).await.status, 200);
+
+    let mut attackers = slowloris(hub.proxy, 300).await;
+    trickle(&mut attackers).await;
+    let listed = get(hub.proxy, &list, KUBELET_UA).await;
+    assert_eq!(listed.status, 200, "{}", hub.log_text());
+    let health = get(hub.admin, "/v1/healthz", "probe").await;
+    assert_eq!(health.status, 200);
+    let metrics = support::metrics_text(&hub).await;
+    let open_fds = support::sample(&metrics, "process_open_fds").unwrap_or_default();
+    assert!(open_fds < 256.0, "{open_fds} descriptors open");
+    eprintln!("with 300 slowloris connections: {open_fds} descriptors open");
+
+    // They keep trickling, but a head must be whole within the header-read timeout.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        trickle(&mut attackers).await;
+    }
+    assert_eq!(closed_by_the_hub(&mut attackers).await, 300);
+    let metrics = support::metrics_text(&hub).await;
+    let closed = |reason: &str| {
+        support::sample(
+            &metrics,
+            &format!(
+                r#"outpost_client_connections_closed_total{{port="proxy",reason="{reason}"}}"#
+            ),
+        )
+        .unwrap_or_default()
+    };
+    assert!(closed("evicted") > 200.0, "{metrics}");
+    assert!(closed("header_timeout") > 0.0, "{metrics}");
+    let log = hub.log_text();
+    assert!(
+        !log.contains("Too many open files"),
+        "the hub ran out of descriptors:\n{log}"
+    );
+}
+
+/// Item 9: a keep-alive connection idle past `--client-idle-timeout` is closed; one serving a
+/// request (a watch) is not, however long; and on the secure port a client that completes the
+/// TLS handshake but sends no head is cut at the header-read timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_headless_connections_are_closed_but_busy_ones_are_not() {
+    let cluster = Cluster::start().await;
+    let mut args = cluster.hub_args();
+    args.push("--client-header-timeout=2s".into());
+    args.push("--client-idle-timeout=2s".into());
+    let hub = cluster.start_hub_with(&args);
+    let ca = cluster.fake.pki().ca_pem.clone();
+    support::until_certified(&hub, &ca).await;
+
+    let mut idle = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    let req = format!(
+        "GET /api/v1/nodes/{} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n",
+        support::NODE
+    );
+    idle.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut idle).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+    let req = format!(
+        "GET /api/v1/pods?watch=true&timeoutSeconds=30&fieldSelector=spec.nodeName%3D{} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n",
+        support::NODE
+    );
+    watch.write_all(req.as_bytes()).await.unwrap();
+    let head = support::read_head(&mut watch).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let tcp = tokio::net::TcpStream::connect(hub.secure).await.unwrap();
+    let name = rustls::pki_types::ServerName::IpAddress(hub.secure.ip().into());
+    let mut headless = support::tls_client(&ca).connect(name, tcp).await.unwrap();
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut buf = vec![0u8; 64 << 10];
+    let ended = |read: Result<std::io::Result<usize>, _>| matches!(read, Ok(Ok(0) | Err(_)));
+    // What the first GET left unread is read first; then the end.
+    let mut idle_ended = false;
+    for _ in 0..4 {
+        let read = tokio::time::timeout(Duration::from_millis(500), idle.read(&mut buf)).await;
+        if ended(read) {
+            idle_ended = true;
+            break;
+        }
+    }
+    assert!(idle_ended, "the idle keep-alive connection is still open");
+    let read = tokio::time::timeout(Duration::from_millis(500), headless.read(&mut buf)).await;
+    assert!(
+        ended(read),
+        "the secure connection without a head is still open"
+    );
+    let read = tokio::time::timeout(Duration::from_millis(500), watch.read(&mut buf)).await;
+    assert!(!ended(read), "the watch was closed");
+    let metrics = support::metrics_text(&hub).await;
+    let closed = |port: &str, reason: &str| {
+        support::sample(
+            &metrics,
+            &format!(
+                r#"outpost_client_connections_closed_total{{port="{port}",reason="{reason}"}}"#
+            ),
+        )
+        .unwrap_or_default()
+    };
+    assert!(closed("proxy", "idle_timeout") >= 1.0, "{metrics}");
+    assert!(closed("secure", "header_timeout") >= 1.0, "{metrics}");
+}
+
+/// Item 9: a proxy port whose every connection serves a request (here watches) answers a new
+/// one with a 503 Status instead of taking more descriptors, and the admin port still answers
+/// `/v1/healthz`; once a watch ends, requests get through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_full_of_busy_connections_refuses_more_and_the_admin_port_answers() {
+    let cluster = Cluster::start().await;
+    let mut args = cluster.hub_args();
+    args.push("--max-connections-per-port=4".into());
+    let hub = cluster.start_hub_with(&args);
+    let mut watches = Vec::new();
+    for _ in 0..4 {
+        let mut watch = tokio::net::TcpStream::connect(hub.proxy).await.unwrap();
+        let req = format!(
+            "GET /api/v1/pods?watch=true&timeoutSeconds=60&fieldSelector=spec.nodeName%3D{} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\n\r\n",
+            support::NODE
+        );
+        watch.write_all(req.as_bytes()).await.unwrap();
+        let head = support::read_head(&mut watch).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        watches.push(watch);
+    }
+    let node = format!("/api/v1/nodes/{}", support::NODE);
+    let refused = get(hub.proxy, &node, KUBELET_UA).await;
+    let message = assert_status(&refused, 503, "ServiceUnavailable");
+    assert!(message.contains("no room"), "{message}");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(get(hub.admin, "/v1/healthz", "probe").await.status, 200);
+
+    drop(watches.pop());
+    let mut answered = false;
+    for _ in 0..50 {
+        if get(hub.proxy, &node, KUBELET_UA).await.status == 200 {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "{}", hub.log_text());
+}

@@ -16,6 +16,7 @@ use outpost_proxy::dummy_if::DummyIfConfig;
 use outpost_proxy::filtering::FilterSettings;
 use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
+use outpost_proxy::slots::ClientLimits;
 use outpost_proxy::{LbMode, Server};
 
 /// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.
@@ -256,6 +257,22 @@ pub struct HubFlags {
     /// clients reconnect spread out (Go duration).
     #[arg(long, default_value = "1800s", value_parser = go_duration)]
     pub min_request_timeout: Duration,
+    /// Outpost only: how long a client of the proxy, secure and admin ports may take to send a
+    /// request's head, from connecting or from the first byte after an idle keep-alive; a
+    /// slower connection is closed, as kube-apiserver's ReadHeaderTimeout does (Go duration).
+    #[arg(long, default_value = "32s", value_parser = go_duration)]
+    pub client_header_timeout: Duration,
+    /// Outpost only: how long a keep-alive client connection may sit idle between requests
+    /// before the hub closes it, as kube-apiserver's IdleTimeout does (Go duration).
+    #[arg(long, default_value = "90s", value_parser = go_duration)]
+    pub client_idle_timeout: Duration,
+    /// Outpost only: connections each of the proxy and secure ports keeps open. A full port
+    /// closes the connection that waited longest for a request head and admits the new one;
+    /// it refuses (503) only when every connection is serving a request. 0 sizes the caps from
+    /// the open-files limit, keeping a reserve for the hub's own files (the admin port always
+    /// has 32 of its own).
+    #[arg(long, default_value_t = 0)]
+    pub max_connections_per_port: usize,
     /// Token mode: more organizations (O=) in the hub's client certificate, comma separated;
     /// `openyurt:tenant:<namespace>` is the one yurt-manager approves.
     #[arg(long, value_delimiter = ',')]
@@ -379,6 +396,8 @@ pub struct ValidatedHub {
     pub pool_scope: Vec<PoolScopeResource>,
     /// `--enable-dummy-if`: the interface to keep, holding `--dummy-if-ip`.
     pub dummy_if: Option<DummyIfConfig>,
+    /// `--client-header-timeout`, `--client-idle-timeout`, `--max-connections-per-port`.
+    pub clients: ClientLimits,
 }
 
 impl HubFlags {
@@ -407,6 +426,11 @@ impl HubFlags {
         }
         if self.min_request_timeout.is_zero() {
             return Err("--min-request-timeout must be more than 0".into());
+        }
+        if self.client_header_timeout.is_zero() || self.client_idle_timeout.is_zero() {
+            return Err(
+                "--client-header-timeout and --client-idle-timeout must be more than 0".into(),
+            );
         }
         let pool_scope = self
             .pool_scope_resources
@@ -458,6 +482,12 @@ impl HubFlags {
                 name: self.dummy_if_name.clone(),
                 ip: dummy_if_ip,
             }),
+            clients: ClientLimits {
+                header_timeout: self.client_header_timeout,
+                idle_timeout: self.client_idle_timeout,
+                max_per_port: (self.max_connections_per_port > 0)
+                    .then_some(self.max_connections_per_port),
+            },
         })
     }
 }

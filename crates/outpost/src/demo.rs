@@ -146,6 +146,7 @@ async fn start_hub(
         secure: None,
         dummy_if: None,
         token_bootstrap: None,
+        clients: Default::default(),
     })
     .await?;
     Ok(hub)

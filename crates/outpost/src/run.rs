@@ -91,6 +91,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             IdentitySource::Token(bootstrap) => Some(bootstrap.clone()),
             IdentitySource::Files(_) => None,
         },
+        clients: v.clients,
     };
     Ok((config, v))
 }
@@ -175,7 +176,24 @@ fn tighten(dirs: &[&Path]) {
     }
 }
 
+/// Raises the soft open-files limit to the hard one, as Go programs (yurthub among them) do at
+/// start: the ports' connection caps are sized from it ([`outpost_proxy::slots`]).
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            warn!(error = %e, "cannot raise the open-files limit");
+        }
+    }
+}
+
 fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
+    raise_open_files_limit();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

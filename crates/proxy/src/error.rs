@@ -43,6 +43,9 @@ pub enum ProxyError {
     /// The upstream sent something that is not a valid HTTP response.
     #[error("bad reply from apiserver {server}: {cause}")]
     BadReply { server: String, cause: String },
+    /// A port full of connections that all serve requests turned a new one away.
+    #[error("the hub has no room for another connection: all are serving requests")]
+    NoRoom,
     /// No apiserver is healthy (or none is configured).
     #[error("no healthy apiserver: every --server-addr failed its last probe or request")]
     NoUpstream,
@@ -92,7 +95,9 @@ impl ProxyError {
             | ProxyError::NoUpstream => Status::service_unavailable(message),
             ProxyError::Timeout { .. } => Status::gateway_timeout(message),
             ProxyError::BadReply { .. } => Status::bad_gateway(message),
-            ProxyError::Offline(_) => Status::service_unavailable(message).with_retry_after(1),
+            ProxyError::Offline(_) | ProxyError::NoRoom => {
+                Status::service_unavailable(message).with_retry_after(1)
+            }
             ProxyError::NotCached {
                 group,
                 resource,
@@ -117,6 +122,7 @@ impl ProxyError {
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BadReply { .. } => "bad_reply",
             ProxyError::Offline(_) => "offline",
+            ProxyError::NoRoom => "no_room",
             ProxyError::NotCached { .. } => "not_cached",
             ProxyError::Expired(_) => "expired",
             ProxyError::NotAcceptable(_) => "not_acceptable",
@@ -202,6 +208,7 @@ mod tests {
                 502,
             ),
             (ProxyError::NoUpstream, 503),
+            (ProxyError::NoRoom, 503),
             (ProxyError::Offline("no cached list covers it".into()), 503),
             (
                 ProxyError::NotCached {

@@ -24,7 +24,8 @@
 //!   the state dump of `kill -USR1`.
 //! - [`bootstrap`]: token mode — the hub's own client certificate, obtained, kept and renewed.
 //! - [`ota`]: yurthub's OTA endpoints for DaemonSet pods.
-//! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown.
+//! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown; [`slots`]: what
+//!   each port allows its clients (a connection cap, header-read and idle timeouts).
 
 pub mod admin;
 pub mod autonomy;
@@ -51,6 +52,7 @@ pub mod reflector;
 pub mod route;
 pub mod server;
 pub mod serving_cert;
+pub mod slots;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -97,6 +99,8 @@ pub struct HubConfig {
     /// ([`bootstrap::renew_client_certificate`]) and re-bootstrapped by `/v1/token`; `None` when
     /// it is kubelet's.
     pub token_bootstrap: Option<bootstrap::TokenBootstrap>,
+    /// Header-read and idle timeouts of client connections, and the ports' caps.
+    pub clients: slots::ClientLimits,
 }
 
 /// The secure port: where `masterservice` sends in-cluster clients.
@@ -437,15 +441,39 @@ impl Hub {
             multiplexer,
             verified_tokens,
         });
+        let open_files = slots::open_files_limit();
+        let budget = config.clients.ports(open_files);
+        info!(
+            open_files,
+            proxy = budget.proxy.max_connections,
+            secure = budget.secure.max_connections,
+            admin = budget.admin.max_connections,
+            header_timeout = ?budget.proxy.header_timeout,
+            idle_timeout = ?budget.proxy.idle_timeout,
+            "client connection limits"
+        );
         if let (Some(listener), Some(secure), Some(slot)) =
             (secure_listener, &config.secure, serving_cert)
         {
+            let slots = slots::Slots::new("secure", budget.secure, metrics.port("secure"));
+            let certificate = serving_cert::ServingCertConfig {
+                node_name: config.node_name.clone(),
+                ips: [
+                    Some(secure.addr.ip()),
+                    Some(proxy_addr.ip()),
+                    secure.node_ip,
+                ]
+                .into_iter()
+                .flatten()
+                .filter(|ip| !ip.is_unspecified())
+                .collect(),
+                file: secure.cert_file.clone(),
+            };
             tasks.extend(serve_secure(
                 listener,
+                slots,
                 slot,
-                secure,
-                &config.node_name,
-                proxy_addr,
+                certificate,
                 &pipeline,
                 &shutdown_rx,
             ));
@@ -468,12 +496,14 @@ impl Hub {
         let kept = pipeline.clone();
         let proxy_task = tokio::spawn(server::serve(
             proxy_listener,
+            slots::Slots::new("proxy", budget.proxy, admin.metrics.port("proxy")),
             move |req| pipeline.clone().handle(req, callers::Entry::Plain),
             shutdown_rx.clone(),
         ));
         let served = admin.clone();
         let admin_task = tokio::spawn(server::serve(
             admin_listener,
+            slots::Slots::new("admin", budget.admin, admin.metrics.port("admin")),
             move |req| served.clone().handle(req),
             shutdown_rx,
         ));
@@ -555,27 +585,14 @@ async fn join_or_abort(
 /// accept loop, running the same pipeline as the plain port.
 fn serve_secure(
     listener: TcpListener,
+    slots: Arc<slots::Slots>,
     slot: Arc<outpost_certs::serving::CertSlot>,
-    secure: &SecureConfig,
-    node_name: &str,
-    proxy_addr: SocketAddr,
+    certificate: serving_cert::ServingCertConfig,
     pipeline: &Arc<pipeline::Pipeline>,
     shutdown: &watch::Receiver<bool>,
 ) -> [(&'static str, JoinHandle<()>); 2] {
     let manager = serving_cert::ServingCertManager::new(
-        serving_cert::ServingCertConfig {
-            node_name: node_name.to_owned(),
-            ips: [
-                Some(secure.addr.ip()),
-                Some(proxy_addr.ip()),
-                secure.node_ip,
-            ]
-            .into_iter()
-            .flatten()
-            .filter(|ip| !ip.is_unspecified())
-            .collect(),
-            file: secure.cert_file.clone(),
-        },
+        certificate,
         pipeline.upstream.clone(),
         slot.clone(),
         pipeline.metrics.clone(),
@@ -591,6 +608,7 @@ fn serve_secure(
             "secure port",
             tokio::spawn(server::serve_tls(
                 listener,
+                slots,
                 tokio_rustls::TlsAcceptor::from(slot.server_config()),
                 move |req| pipeline.clone().handle(req, callers::Entry::Secure),
                 shutdown.clone(),

@@ -57,6 +57,12 @@ pub struct Metrics {
     pub memory_trimmed_bytes: IntCounter,
     /// `--enable-dummy-if`: 1 while the dummy IP is an address of the node, by interface.
     pub dummy_if_ready: IntGaugeVec,
+    /// Open client connections per port (proxy, secure, admin).
+    pub client_connections: IntGaugeVec,
+    /// Client connections the hub closed or refused, by port and reason.
+    pub client_connections_closed: IntCounterVec,
+    /// Failed accepts (out of file descriptors, mostly) per port.
+    pub accept_errors: IntCounterVec,
 }
 
 impl Metrics {
@@ -248,8 +254,36 @@ impl Metrics {
             &["interface"],
         )
         .expect("valid metric definition");
+        let client_connections = IntGaugeVec::new(
+            Opts::new(
+                "outpost_client_connections",
+                "Open client connections per port (proxy, secure, admin).",
+            ),
+            &["port"],
+        )
+        .expect("valid metric definition");
+        let client_connections_closed = IntCounterVec::new(
+            Opts::new(
+                "outpost_client_connections_closed_total",
+                "Client connections the hub closed (header_timeout, idle_timeout, evicted: its slot \
+                 went to a newer connection) or refused (refused: the port was full of busy ones).",
+            ),
+            &["port", "reason"],
+        )
+        .expect("valid metric definition");
+        let accept_errors = IntCounterVec::new(
+            Opts::new(
+                "outpost_accept_errors_total",
+                "Failed accepts per port (out of file descriptors, mostly).",
+            ),
+            &["port"],
+        )
+        .expect("valid metric definition");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(client_connections.clone()),
+            Box::new(client_connections_closed.clone()),
+            Box::new(accept_errors.clone()),
             Box::new(in_flight.clone()),
             Box::new(upstream_errors.clone()),
             Box::new(upstream_connections.clone()),
@@ -310,6 +344,18 @@ impl Metrics {
             memory_trims,
             memory_trimmed_bytes,
             dummy_if_ready,
+            client_connections,
+            client_connections_closed,
+            accept_errors,
+        }
+    }
+
+    /// The connection metrics of one port ([`crate::slots`]).
+    pub fn port(&self, port: &'static str) -> crate::slots::PortMetrics {
+        crate::slots::PortMetrics {
+            open: self.client_connections.with_label_values(&[port]),
+            closed: self.client_connections_closed.clone(),
+            accept_errors: self.accept_errors.with_label_values(&[port]),
         }
     }
 

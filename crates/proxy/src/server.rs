@@ -3,12 +3,14 @@
 //! The proxy port (kubelet speaks HTTP/1.1 to a `http://` kubeconfig server) and the admin port
 //! use [`serve`]; the secure port for in-cluster clients uses [`serve_tls`]. Both accept until
 //! shutdown is signalled, then give open connections a grace period (watches would otherwise hold
-//! the process forever) and return. [`bind_freebind`] binds an address this host does not have
+//! the process forever) and return. Each port keeps its connections within its [`Slots`]
+//! (a cap, header-read and idle timeouts), and failed accepts are logged once per burst. [`bind_freebind`] binds an address this host does not have
 //! yet (the dummy interface's).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -21,9 +23,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::body::ProxyBody;
+use crate::slots::{Requests, Serving, Slots};
 
 /// How long open connections (watches, tunnels) may run on after shutdown is signalled.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -31,18 +34,24 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// A client that opens a connection and never finishes the TLS handshake is dropped after this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepts plain connections on `listener` and serves each with `handler` until `shutdown`.
-pub async fn serve<H, F>(listener: TcpListener, handler: H, shutdown: watch::Receiver<bool>)
-where
+/// Accepts plain connections on `listener`, within `slots`, and serves each with `handler`
+/// until `shutdown`.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    slots: Arc<Slots>,
+    handler: H,
+    shutdown: watch::Receiver<bool>,
+) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    accept_loop(listener, None, handler, shutdown).await
+    accept_loop(listener, None, slots, handler, shutdown).await
 }
 
 /// Like [`serve`], with a TLS handshake on every connection first.
 pub async fn serve_tls<H, F>(
     listener: TcpListener,
+    slots: Arc<Slots>,
     tls: TlsAcceptor,
     handler: H,
     shutdown: watch::Receiver<bool>,
@@ -50,12 +59,13 @@ pub async fn serve_tls<H, F>(
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
-    accept_loop(listener, Some(tls), handler, shutdown).await
+    accept_loop(listener, Some(tls), slots, handler, shutdown).await
 }
 
 async fn accept_loop<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
+    slots: Arc<Slots>,
     handler: H,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -64,25 +74,35 @@ async fn accept_loop<H, F>(
 {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
+    let mut failures = AcceptFailures::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    failures.recovered(slots.port());
+                    let Some(slot) = slots.admit() else {
+                        refuse(stream, tls.is_none());
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
+                    let (stream, requests) = slot.track(stream);
                     let (handler, shutdown) = (handler.clone(), shutdown.clone());
                     match tls.clone() {
-                        None => connections.spawn(serve_connection(stream, peer, handler, shutdown)),
+                        None => connections.spawn(serve_connection(stream, peer, requests, handler, shutdown)),
                         Some(tls) => connections.spawn(async move {
                             if let Some(stream) = handshake(&tls, stream, peer).await {
-                                serve_connection(stream, peer, handler, shutdown).await;
+                                serve_connection(stream, peer, requests, handler, shutdown).await;
                             }
                         }),
                     };
                 }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    failures.failed(&slots, &e);
+                    // Out of descriptors: closing an idle connection of this port makes room
+                    // at once; otherwise back off instead of spinning.
+                    let room = is_out_of_files(&e) && slots.evict_one();
+                    let pause = if room { 10 } else { 100 };
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
                 }
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
@@ -103,13 +123,103 @@ async fn accept_loop<H, F>(
     connections.shutdown().await;
 }
 
+/// The answer of a plain port that is full of connections all serving requests: a 503 Status,
+/// then the connection is closed. The client's request is read (and dropped) for up to a
+/// second after, so that closing does not reset the connection before the answer is read; at
+/// most [`MAX_REFUSING`] refusals linger so at a time, the others are closed at once. A TLS
+/// port just closes it: no handshake is spent on a refusal.
+fn refuse(stream: tokio::net::TcpStream, plain: bool) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static REFUSING: AtomicUsize = AtomicUsize::new(0);
+    static REFUSED: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+        let status = crate::ProxyError::NoRoom.into_status();
+        let body = status.to_json();
+        let mut out = format!(
+            "HTTP/1.1 {} Service Unavailable\r\nContent-Type: application/json\r\n\
+             Retry-After: {}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            status.code,
+            status.retry_after_seconds.unwrap_or(1),
+            body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(&body);
+        out
+    });
+    if !plain || REFUSING.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    tokio::spawn(async move {
+        let mut stream = stream;
+        let linger = async {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            stream.write_all(&REFUSED).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 1024];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), linger).await;
+        REFUSING.fetch_sub(1, Ordering::AcqRel);
+    });
+}
+
+/// Refused connections answered at once (see [`refuse`]); beyond, they are only closed.
+const MAX_REFUSING: usize = 16;
+
+fn is_out_of_files(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(code) if code == libc::EMFILE || code == libc::ENFILE)
+}
+
+/// Failed accepts (out of descriptors, mostly) logged once per burst, not once per retry:
+/// one line when they start, one a minute while they go on, one when accepting works again.
+#[derive(Default)]
+struct AcceptFailures {
+    since: Option<std::time::Instant>,
+    logged: Option<std::time::Instant>,
+    count: u64,
+}
+
+impl AcceptFailures {
+    const REPEAT: Duration = Duration::from_secs(60);
+
+    fn failed(&mut self, slots: &Slots, error: &std::io::Error) {
+        slots.count_accept_error();
+        self.count += 1;
+        let now = std::time::Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let due = self.logged.is_none_or(|at| now - at >= Self::REPEAT);
+        if due {
+            self.logged = Some(now);
+            warn!(port = slots.port(), %error, failures = self.count, for_s = (now - since).as_secs(),
+                "accept failed; backing off (one line a minute while it lasts)");
+        }
+    }
+
+    fn recovered(&mut self, port: &'static str) {
+        if let Some(since) = self.since.take() {
+            info!(
+                port,
+                failures = self.count,
+                after_ms = since.elapsed().as_millis() as u64,
+                "accepting connections again"
+            );
+            self.count = 0;
+            self.logged = None;
+        }
+    }
+}
+
 /// The server side of a TLS handshake, bounded in time; failures are the client's business
 /// (or the missing certificate's) and are logged at debug level only.
-async fn handshake(
+async fn handshake<S>(
     tls: &TlsAcceptor,
-    stream: tokio::net::TcpStream,
+    stream: S,
     peer: SocketAddr,
-) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+) -> Option<tokio_rustls::server::TlsStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
         Ok(Ok(stream)) => Some(stream),
         Ok(Err(e)) => {
@@ -124,9 +234,12 @@ async fn handshake(
 }
 
 /// One client connection: HTTP/1.1 with upgrades; finishes its in-flight request on shutdown.
+/// Closed when its head is late, it sits idle too long, or its slot goes to a newer
+/// connection ([`Requests::watchdog`]); never in the middle of a request.
 async fn serve_connection<I, H, F>(
     stream: I,
     peer: SocketAddr,
+    requests: Requests,
     handler: H,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -134,9 +247,17 @@ async fn serve_connection<I, H, F>(
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
+    let serving = requests.clone();
     let service = service_fn(move |req| {
+        let guard = serving.begin();
         let fut = handler(req);
-        async move { Ok::<_, Infallible>(fut.await) }
+        async move {
+            let resp = fut.await;
+            Ok::<_, Infallible>(resp.map(|body| Served {
+                body,
+                _guard: guard,
+            }))
+        }
     });
     let conn = http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
@@ -144,6 +265,11 @@ async fn serve_connection<I, H, F>(
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
+        closed = requests.watchdog() => {
+            requests.closed(closed);
+            debug!(%peer, reason = closed.label(), "client connection closed by the hub");
+            return;
+        }
         _ = stopped(&mut shutdown) => {
             conn.as_mut().graceful_shutdown();
             conn.await
@@ -151,6 +277,33 @@ async fn serve_connection<I, H, F>(
     };
     if let Err(e) = result {
         debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+/// A response body, and the request it answers still being served until it is dropped.
+struct Served {
+    body: ProxyBody,
+    /// Held for its drop: the end of the response.
+    _guard: Serving,
+}
+
+impl http_body::Body for Served {
+    type Data = bytes::Bytes;
+    type Error = crate::body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -27,5 +27,6 @@ pub fn hub_config(upstream: &str, tls: UpstreamTls, edge: Option<EdgeConfig>) ->
         secure: None,
         dummy_if: None,
         token_bootstrap: None,
+        clients: Default::default(),
     }
 }
