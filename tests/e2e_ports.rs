@@ -541,10 +541,8 @@ async fn closed_by_the_hub(sockets: &mut [tokio::net::TcpStream]) -> usize {
     let mut closed = 0;
     let mut buf = [0u8; 512];
     for socket in sockets.iter_mut() {
-        match tokio::time::timeout(Duration::from_millis(20), socket.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => closed += 1,
-            Ok(Ok(_)) | Err(_) => {}
-        }
+        let read = tokio::time::timeout(Duration::from_millis(20), socket.read(&mut buf)).await;
+        closed += usize::from(matches!(read, Ok(Ok(0) | Err(_))));
     }
     closed
 }
