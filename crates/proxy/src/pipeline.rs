@@ -372,7 +372,10 @@ impl Pipeline {
             }
             // Taken before the send, so an outage during it still ends the watch.
             outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
-            let deadline = exchange.header_deadline(per_attempt);
+            let retry_possible = retryable
+                && attempt + 1 < MAX_READ_ATTEMPTS
+                && self.upstream.has_other_healthy(server);
+            let deadline = exchange.header_deadline(per_attempt, retry_possible);
             sent = self.send(server, &route, upstream_req, deadline).await;
             sent = sent.map_err(|e| exchange.blame(e));
             self.note_outcome(server, &sent);
@@ -600,12 +603,19 @@ struct Exchange {
 
 impl Exchange {
     /// How long one attempt may wait for response headers: `per_attempt`, within what is left
-    /// of the exchange (a retry does not get the whole time again).
-    fn header_deadline(&self, per_attempt: std::time::Duration) -> std::time::Duration {
-        match self.deadline {
-            Some(deadline) => per_attempt.min(deadline - tokio::time::Instant::now()),
-            None => per_attempt,
-        }
+    /// of the exchange (a retry does not get the whole time again), and only half of it when
+    /// another server could take a retry: a server too slow to answer is not waited for so
+    /// long that the other one has no time left.
+    fn header_deadline(
+        &self,
+        per_attempt: std::time::Duration,
+        retry_possible: bool,
+    ) -> std::time::Duration {
+        let Some(deadline) = self.deadline else {
+            return per_attempt;
+        };
+        let left = deadline - tokio::time::Instant::now();
+        per_attempt.min(if retry_possible { left / 2 } else { left })
     }
 
     /// A response whose body must end with the exchange ([`body::until_deadline`]).

@@ -233,6 +233,12 @@ impl Upstream {
         self.states.server(index)
     }
 
+    /// Whether a healthy server other than `server` could take a retry.
+    pub fn has_other_healthy(&self, server: &Server) -> bool {
+        let this = self.states.index_of(server);
+        (0..self.states.len()).any(|i| Some(i) != this && self.states.is_healthy(i))
+    }
+
     /// The deadline for response headers: the client's own `?timeout=` when shorter.
     pub fn header_deadline(&self, client_timeout: Option<Duration>) -> Duration {
         client_timeout
