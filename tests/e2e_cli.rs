@@ -245,6 +245,9 @@ fn help_and_version_succeed() {
         "--enable-resource-filter",
         "--disabled-resource-filters",
         "--nodepool-name",
+        "--client-header-timeout",
+        "--client-idle-timeout",
+        "--max-connections-per-port",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }

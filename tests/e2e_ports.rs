@@ -707,3 +707,62 @@ async fn a_port_full_of_busy_connections_refuses_more_and_the_admin_port_answers
     }
     assert!(answered, "{}", hub.log_text());
 }
+
+/// Item 9, out of descriptors anyway (a cap set above the open-files limit): failed accepts
+/// are logged once for the burst, not once per retry; the proxy port closes idle connections to
+/// make room, so kubelet's LIST still gets through; accepting resumes once the slowloris
+/// connections are cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_descriptors_is_logged_once_and_idle_connections_make_room() {
+    let cluster = Cluster::start().await;
+    let mut args = cluster.hub_args();
+    args.push("--client-header-timeout=3s".into());
+    args.push("--max-connections-per-port=1000".into());
+    let hub = HubProcess::spawn_wrapped(&["prlimit", "--nofile=128:128", "--"], &args);
+    let mut attackers = slowloris(hub.proxy, 200).await;
+    let list = format!(
+        "/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+        support::NODE
+    );
+    let listed = get(hub.proxy, &list, KUBELET_UA).await;
+    assert_eq!(listed.status, 200, "{}", hub.log_text());
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        trickle(&mut attackers).await;
+    }
+    let resumed = support::eventually(Duration::from_secs(10), || {
+        hub.log_text().contains("accepting connections again")
+    })
+    .await;
+    let log = hub.log_text();
+    assert!(resumed, "{log}");
+    let failed = log.lines().filter(|l| l.contains("accept failed")).count();
+    assert_eq!(failed, 1, "{log}");
+    assert_eq!(get(hub.admin, "/v1/healthz", "probe").await.status, 200);
+    let metrics = support::metrics_text(&hub).await;
+    let errors = support::sample(&metrics, r#"outpost_accept_errors_total{port="proxy"}"#);
+    assert!(errors.unwrap_or_default() >= 1.0, "{metrics}");
+}
+
+/// A probe whose `/readyz` answer stalls after its headers fails (at the probe timeout) instead
+/// of holding the prober, and every later probe, for good: the server is found unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_whose_answer_stalls_finds_the_server_unhealthy() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    support::until_ready(&hub, "").await;
+    cluster.fake.slow_bodies_under("/readyz", None);
+    let server = cluster.fake.url().trim_end_matches('/').to_owned();
+    let healthy = format!(r#"outpost_server_healthy{{server="{server}"}}"#);
+    let mut unhealthy = false;
+    for _ in 0..100 {
+        let text = support::metrics_text(&hub).await;
+        if support::sample(&text, &healthy) == Some(0.0) {
+            unhealthy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(unhealthy, "{}", hub.log_text());
+    cluster.fake.restore().await;
+}

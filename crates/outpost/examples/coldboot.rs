@@ -26,22 +26,23 @@
 //! Every child process is owned by a guard that kills it on drop; everything is on loopback and
 //! every wait is bounded.
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+mod harness;
+
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use harness::{HubChild, NODE};
 use outpost_testkit::full_node::{
     MOUNTS, NAMESPACES, app_ns, config_map, endpoint_slice, pod, secret, service,
 };
 use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
 use serde_json::{Value, json};
 
-const NODE: &str = "edge-1";
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/x";
 const KUBE_PROXY_UA: &str = "kube-proxy/v1.32.4 (linux/amd64) kubernetes/x";
 const KUBE_PROXY_TOKEN: &str = "coldboot-kube-proxy";
@@ -477,30 +478,18 @@ struct Setup {
 impl Setup {
     /// The flags of the e2e tests' `hub_args`, with fixed loopback ports.
     fn args(&self, mode: Mode, proxy: u16, admin: u16) -> Vec<String> {
-        let d = &self.dir;
         let mode = match mode {
             Mode::Edge => "edge",
             Mode::Cloud => "cloud",
         };
-        vec![
-            format!("--server-addr={}", self.server),
+        let mut args = harness::hub_flags(&self.server, &self.files, &self.dir);
+        args.extend([
             format!("--working-mode={mode}"),
-            format!("--node-name={NODE}"),
-            "--nodepool-name=pool-a".into(),
-            "--bootstrap-mode=kubeletcertificate".into(),
-            format!(
-                "--kubelet-client-certificate={}",
-                self.files.client_pem.display()
-            ),
-            format!("--kubelet-ca-file={}", self.files.ca_crt.display()),
             format!("--proxy-port={proxy}"),
             format!("--serve-port={admin}"),
-            format!("--root-dir={}", d.join("root").display()),
-            format!("--disk-cache-path={}", d.join("cache").display()),
-            "--enable-dummy-if=false".into(),
-            "--proxy-secure-port=0".into(),
             "--v=2".into(),
-        ]
+        ]);
+        args
     }
 }
 
@@ -513,49 +502,25 @@ fn free_ports() -> Result<(u16, u16)> {
 
 /// The `outpost` binary as a child process; killed (and reaped) on drop.
 struct Hub {
-    child: Child,
+    process: HubChild,
     proxy: SocketAddr,
     admin: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-    ready: std::sync::mpsc::Receiver<()>,
 }
 
 impl Hub {
     fn spawn(setup: &Setup, mode: Mode) -> Result<Hub> {
         let (proxy, admin) = free_ports()?;
-        let mut child = Command::new(&setup.bin)
-            .args(setup.args(mode, proxy, admin))
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawn {}", setup.bin.display()))?;
-        let stderr = child.stderr.take().context("piped stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, ready) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("ready to serve") {
-                    let _ = tx.send(());
-                }
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
         Ok(Hub {
-            child,
+            process: HubChild::spawn(&setup.bin, &setup.args(mode, proxy, admin))?,
             proxy: SocketAddr::from(([127, 0, 0, 1], proxy)),
             admin: SocketAddr::from(([127, 0, 0, 1], admin)),
-            log,
-            ready,
         })
     }
 
     /// Spawns and waits (bounded) for the "ready to serve" line.
     fn start_ready(setup: &Setup, mode: Mode) -> Result<Hub> {
         let hub = Hub::spawn(setup, mode)?;
-        if hub.ready.recv_timeout(DEADLINE).is_err() {
+        if hub.process.ready.recv_timeout(DEADLINE).is_err() {
             bail!(
                 "hub not ready within {DEADLINE:?}; log:\n{}",
                 hub.log_text()
@@ -565,22 +530,11 @@ impl Hub {
     }
 
     fn log_text(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join("\n")
+        self.process.log_text()
     }
 
     fn memory(&self) -> Result<Memory> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let field = |key: &str| -> Result<u64> {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .with_context(|| format!("{key} in /proc/<pid>/status"))
-        };
+        let field = |key: &str| self.process.status_kib(key);
         Ok(Memory {
             rss_kib: field("VmRSS:")?,
             anon_kib: field("RssAnon:")?,
@@ -592,12 +546,12 @@ impl Hub {
     /// SIGTERM, then a bounded wait for the exit.
     fn terminate(mut self) -> Result<ExitStatus> {
         Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &self.process.child.id().to_string()])
             .status()
             .context("kill -TERM")?;
         let deadline = Instant::now() + DEADLINE;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.process.child.try_wait()? {
                 return Ok(status);
             }
             if Instant::now() > deadline {
@@ -605,13 +559,6 @@ impl Hub {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -665,7 +612,7 @@ fn cold_boot(setup: &Setup, mode: Mode, probe: Probe) -> Result<Boot> {
     let mut accepted = None;
     let mut non_ok = 0;
     let resp = loop {
-        if let Some(status) = hub.child.try_wait()? {
+        if let Some(status) = hub.process.child.try_wait()? {
             bail!("hub exited with {status}; log:\n{}", hub.log_text());
         }
         match TcpStream::connect(addr) {
@@ -701,8 +648,8 @@ fn cold_boot(setup: &Setup, mode: Mode, probe: Probe) -> Result<Boot> {
     // The hub installs its SIGTERM handler only after "ready to serve", a little after its ports
     // answer; a SIGTERM before that kills it with the default disposition. Wait (bounded) for the
     // line, and count the deaths by signal that still happen.
-    let ready = hub.ready.recv_timeout(DEADLINE).is_ok();
-    let log = hub.log.clone();
+    let ready = hub.process.ready.recv_timeout(DEADLINE).is_ok();
+    let log = hub.process.log();
     let status = hub.terminate()?;
     let killed = status.signal() == Some(15);
     ensure!(

@@ -27,17 +27,18 @@
 //! Every child process is owned by a guard that kills it on drop; everything is on loopback and
 //! every wait is bounded.
 
+mod harness;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use futures_util::StreamExt;
+use harness::{HubChild, NODE};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ResourceExt};
 use kube::runtime::reflector::{self, Store};
@@ -45,7 +46,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use outpost_testkit::{FakeApiServer, FakeConfig};
 use serde_json::{Value, json};
 
-const NODE: &str = "edge-1";
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/soak";
 /// Pods on the node at the start; the churn keeps about as many.
 const PODS: usize = 40;
@@ -444,103 +444,52 @@ fn summary(
 
 /// The e2e tests' flags (`tests/support`): ports picked by the OS, probes every second.
 fn hub_args(server: &str, files: &outpost_testkit::NodeCertFiles, dir: &Path) -> Vec<String> {
-    vec![
-        format!("--server-addr={server}"),
-        format!("--node-name={NODE}"),
-        "--nodepool-name=pool-a".into(),
-        "--bootstrap-mode=kubeletcertificate".into(),
-        format!(
-            "--kubelet-client-certificate={}",
-            files.client_pem.display()
-        ),
-        format!("--kubelet-ca-file={}", files.ca_crt.display()),
+    let mut args = harness::hub_flags(server, files, dir);
+    args.extend([
         "--proxy-port=0".into(),
         "--serve-port=0".into(),
-        format!("--root-dir={}", dir.join("root").display()),
-        format!("--disk-cache-path={}", dir.join("cache").display()),
-        "--enable-dummy-if=false".into(),
-        "--proxy-secure-port=0".into(),
         "--heartbeat-interval-seconds=1".into(),
         "--kubelet-healthz-url=".into(),
-    ]
+    ]);
+    args
 }
 
-/// The `outpost` binary as a child process; killed (and reaped) on drop.
+/// The hub and its proxy port.
 struct Hub {
-    child: Child,
+    process: HubChild,
     proxy: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Hub {
     /// Spawns `bin` and waits (bounded) for its "ready to serve" line, which names its ports.
     fn start(bin: &Path, args: &[String]) -> Result<Hub> {
-        let mut child = Command::new(bin)
-            .args(args)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        let stderr = child.stderr.take().context("piped stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, ready) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("ready to serve") {
-                    let _ = tx.send(line.clone());
-                }
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
-        let mut hub = Hub {
-            child,
-            proxy: SocketAddr::from(([127, 0, 0, 1], 0)),
-            log,
-        };
-        let line = ready
-            .recv_timeout(START)
-            .map_err(|_| anyhow!("hub not ready within {START:?}; log:\n{}", hub.log_text()))?;
-        hub.proxy = line
+        let process = HubChild::spawn(bin, args)?;
+        let line = process.ready.recv_timeout(START).map_err(|_| {
+            anyhow!(
+                "hub not ready within {START:?}; log:\n{}",
+                process.log_text()
+            )
+        })?;
+        let proxy = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("proxy="))
             .and_then(|a| a.parse().ok())
             .with_context(|| format!("proxy address in {line:?}"))?;
-        Ok(hub)
+        Ok(Hub { process, proxy })
     }
 
     fn log_text(&self) -> String {
-        self.log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join("\n")
+        self.process.log_text()
     }
 
     /// The hub's RSS and open descriptors, from `/proc`.
     fn sample(&self, started: Instant) -> Result<Sample> {
-        let pid = self.child.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let rss_kib = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .context("VmRSS in /proc/<pid>/status")?;
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))?.count();
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.process.child.id()))?.count();
         Ok(Sample {
             at: started.elapsed(),
-            rss_kib,
+            rss_kib: self.process.status_kib("VmRSS:")?,
             fds,
         })
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -672,6 +672,29 @@ mod tests {
         assert!(cli.hub.enable_dummy_if);
         assert_eq!(cli.hub.namespace, "kube-system");
         assert_eq!(cli.hub.heartbeat_interval_seconds, 10);
+        assert_eq!(v.clients, ClientLimits::default());
+    }
+
+    #[test]
+    fn client_limits_come_from_their_flags() {
+        let mut args = GOOD.to_vec();
+        args.extend([
+            "--client-header-timeout=5s",
+            "--client-idle-timeout=2m",
+            "--max-connections-per-port=100",
+        ]);
+        let v = parse(&args).unwrap().hub.validate().unwrap();
+        assert_eq!(
+            v.clients,
+            ClientLimits {
+                header_timeout: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(120),
+                max_per_port: Some(100),
+            }
+        );
+        args.push("--client-idle-timeout=0s");
+        let err = parse(&args).unwrap().hub.validate().unwrap_err();
+        assert!(err.contains("--client-idle-timeout"), "{err}");
     }
 
     #[test]

@@ -348,6 +348,9 @@ impl NodePods {
     }
 }
 
+/// How long `/v1/token` waits for its (small) request body.
+const TOKEN_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Admin {
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
         if req.uri().path() == "/v1/token" {
@@ -392,15 +395,20 @@ impl Admin {
                 "nothing to update: the hub uses kubelet's client certificate\n",
             );
         };
-        let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
-            .collect()
-            .await
-        {
-            Ok(body) => body.to_bytes(),
-            Err(e) => {
+        let read = http_body_util::Limited::new(req.into_body(), 64 * 1024).collect();
+        // A body that never ends would keep one of the admin port's few connections busy.
+        let body = match tokio::time::timeout(TOKEN_BODY_TIMEOUT, read).await {
+            Ok(Ok(body)) => body.to_bytes(),
+            Ok(Err(e)) => {
                 return text(
                     StatusCode::BAD_REQUEST,
                     format!("cannot read the body: {e}\n"),
+                );
+            }
+            Err(_) => {
+                return text(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the body did not arrive within {TOKEN_BODY_TIMEOUT:?}\n"),
                 );
             }
         };

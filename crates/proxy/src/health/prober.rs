@@ -215,7 +215,12 @@ async fn probe_readyz(states: &ServerStates, upstream: &Upstream, i: usize, conf
             .await
         {
             Ok(resp) if resp.status().is_success() => {
-                let _ = resp.into_body().collect().await;
+                // A body that never ends would hold the prober, and every later round, for good.
+                let read = tokio::time::timeout(config.probe_timeout, resp.into_body().collect());
+                if read.await.is_err() {
+                    cause = format!("/readyz did not finish within {:?}", config.probe_timeout);
+                    continue;
+                }
                 observe(states, server.label(), started);
                 states.record_probe(i, true, "");
                 return;
