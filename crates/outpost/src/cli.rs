@@ -692,6 +692,7 @@ mod tests {
                 max_per_port: Some(100),
             }
         );
+        let mut args = GOOD.to_vec();
         args.push("--client-idle-timeout=0s");
         let err = parse(&args).unwrap().hub.validate().unwrap_err();
         assert!(err.contains("--client-idle-timeout"), "{err}");

@@ -79,7 +79,7 @@ async fn accept_loop<H, F>(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    failures.recovered(slots.port());
+                    failures.accepted(slots.port());
                     let Some(slot) = slots.admit() else {
                         refuse(stream, tls.is_none());
                         continue;
@@ -171,42 +171,55 @@ fn is_out_of_files(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(code) if code == libc::EMFILE || code == libc::ENFILE)
 }
 
-/// Failed accepts (out of descriptors, mostly) logged once per burst, not once per retry:
-/// one line when they start, one a minute while they go on, one when accepting works again.
+/// Failed accepts (out of descriptors, mostly) logged once per burst, not once per retry: one
+/// line when a burst starts, one a minute while it lasts, one with its count at the first
+/// accept after [`AcceptFailures::QUIET`] without failures. Accepts that succeed between
+/// failures (each made possible by closing an idle connection) do not end the burst.
 #[derive(Default)]
 struct AcceptFailures {
+    /// When the burst began, when its last line was logged, when it last failed.
     since: Option<std::time::Instant>,
     logged: Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
     count: u64,
 }
 
 impl AcceptFailures {
     const REPEAT: Duration = Duration::from_secs(60);
+    const QUIET: Duration = Duration::from_secs(5);
 
     fn failed(&mut self, slots: &Slots, error: &std::io::Error) {
         slots.count_accept_error();
-        self.count += 1;
         let now = std::time::Instant::now();
+        if self.last.is_some_and(|at| now - at >= Self::QUIET) {
+            self.end(slots.port());
+        }
+        self.count += 1;
+        self.last = Some(now);
         let since = *self.since.get_or_insert(now);
-        let due = self.logged.is_none_or(|at| now - at >= Self::REPEAT);
-        if due {
+        if self.logged.is_none_or(|at| now - at >= Self::REPEAT) {
             self.logged = Some(now);
             warn!(port = slots.port(), %error, failures = self.count, for_s = (now - since).as_secs(),
                 "accept failed; backing off (one line a minute while it lasts)");
         }
     }
 
-    fn recovered(&mut self, port: &'static str) {
-        if let Some(since) = self.since.take() {
+    fn accepted(&mut self, port: &'static str) {
+        if self.last.is_some_and(|at| at.elapsed() >= Self::QUIET) {
+            self.end(port);
+        }
+    }
+
+    fn end(&mut self, port: &'static str) {
+        if let (Some(since), Some(last)) = (self.since, self.last) {
             info!(
                 port,
                 failures = self.count,
-                after_ms = since.elapsed().as_millis() as u64,
+                over_ms = (last - since).as_millis() as u64,
                 "accepting connections again"
             );
-            self.count = 0;
-            self.logged = None;
         }
+        *self = AcceptFailures::default();
     }
 }
 
