@@ -40,7 +40,7 @@ use harness::{HubChild, NODE};
 use outpost_testkit::full_node::{
     MOUNTS, NAMESPACES, app_ns, config_map, endpoint_slice, pod, secret, service,
 };
-use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
+use outpost_testkit::{FakeApiServer, NodeCertFiles};
 use serde_json::{Value, json};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/x";
@@ -72,15 +72,7 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let fake = rt
-        .block_on(FakeApiServer::start(FakeConfig::default()))
-        .context("fake apiserver starts")?;
-    let rbac = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../manifests/cluster/rbac.yaml"
-    );
-    fake.apply_rbac(&outpost_testkit::manifest::load_yaml(rbac)?)
-        .map_err(|s| anyhow!("hub RBAC: {}", s.message))?;
+    let fake = rt.block_on(harness::cluster())?;
     // kube-proxy goes with its service account's token, as in a cluster; the node may not list
     // EndpointSlices.
     fake.add_token(

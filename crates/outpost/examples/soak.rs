@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ResourceExt};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use outpost_testkit::{FakeApiServer, FakeConfig};
+use outpost_testkit::FakeApiServer;
 use serde_json::{Value, json};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/soak";
@@ -69,15 +69,7 @@ fn main() -> Result<()> {
 }
 
 async fn soak(args: Args) -> Result<()> {
-    let fake = FakeApiServer::start(FakeConfig::default())
-        .await
-        .context("fake apiserver starts")?;
-    let rbac = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../manifests/cluster/rbac.yaml"
-    );
-    fake.apply_rbac(&outpost_testkit::manifest::load_yaml(rbac)?)
-        .map_err(|s| anyhow!("hub RBAC: {}", s.message))?;
+    let fake = harness::cluster().await?;
     let dir = tempfile::tempdir()?;
     let files = fake
         .pki()

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result};
-use outpost_testkit::NodeCertFiles;
+use anyhow::{Context, Result, anyhow};
+use outpost_testkit::{FakeApiServer, FakeConfig, NodeCertFiles};
 
 /// The node the harnesses act as.
 pub const NODE: &str = "edge-1";
@@ -78,6 +78,20 @@ impl Drop for HubChild {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The bundled fake apiserver with the hub's RBAC installed, as a cluster has it.
+pub async fn cluster() -> Result<FakeApiServer> {
+    let fake = FakeApiServer::start(FakeConfig::default())
+        .await
+        .context("fake apiserver starts")?;
+    let rbac = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../manifests/cluster/rbac.yaml"
+    );
+    fake.apply_rbac(&outpost_testkit::manifest::load_yaml(rbac)?)
+        .map_err(|s| anyhow!("hub RBAC: {}", s.message))?;
+    Ok(fake)
 }
 
 /// The e2e tests' flags for [`NODE`] against `server` (kubelet's certificate, no dummy
