@@ -134,6 +134,8 @@ impl SledCache {
             agents: CacheAgents::default(),
             volatile: None,
             min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
+            max_object_bytes: outpost_proxy::edge::writer::DEFAULT_MAX_OBJECT_BYTES,
+            hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
         }
     }
 

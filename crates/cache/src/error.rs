@@ -28,6 +28,24 @@ pub enum CacheError {
     /// `metadata.name`, wrong namespace for the scope). Nothing was written.
     #[error("cannot cache object: {0}")]
     InvalidObject(String),
+    /// The cache's files are damaged: sled panicked or reported corruption. The on-disk store
+    /// moves the database aside and starts a fresh one (see `sled_store`, "Damage").
+    #[error("cache damaged: {0}")]
+    Damaged(String),
+    /// The file system holding the cache has less free space than the floor the store keeps:
+    /// writes are refused (nothing was written) until space is freed, so that sled never meets
+    /// a full disk.
+    #[error(
+        "cache not written: {} has {} MiB free, under the {} MiB floor",
+        path.display(),
+        free >> 20,
+        floor >> 20
+    )]
+    LowSpace {
+        path: PathBuf,
+        free: u64,
+        floor: u64,
+    },
 }
 
 impl CacheError {
@@ -49,6 +67,41 @@ impl CacheError {
     pub fn is_storage(&self) -> bool {
         !matches!(self, CacheError::InvalidObject(_))
     }
+
+    /// Whether the error says the cache's own files are damaged, so that a fresh database (and
+    /// not the same one again) is the way out: a panic inside sled, sled's corruption reports,
+    /// unreadable data. A held lock or an environment the store cannot work in (permissions,
+    /// a read-only or full file system) is not damage: a fresh database would fail the same way,
+    /// and moving the old one aside would lose what it holds for nothing.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            CacheError::Damaged(_) => true,
+            CacheError::Sled { source, .. } => match source {
+                sled::Error::Corruption { .. } | sled::Error::ReportableBug(_) => true,
+                sled::Error::Io(e) => !is_lock_conflict(e) && !is_environment(e),
+                sled::Error::Unsupported(_) | sled::Error::CollectionNotFound(_) => false,
+            },
+            CacheError::Io { source, .. } => source.kind() == std::io::ErrorKind::InvalidData,
+            CacheError::InvalidObject(_) | CacheError::LowSpace { .. } => false,
+        }
+    }
+}
+
+/// I/O failures that come from where the cache lives, not from what its files hold.
+fn is_environment(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        PermissionDenied
+            | ReadOnlyFilesystem
+            | StorageFull
+            | QuotaExceeded
+            | FileTooLarge
+            | OutOfMemory
+            | Interrupted
+            | WouldBlock
+            | TimedOut
+    )
 }
 
 /// sled 0.34 reports a held file lock only as an `Io` error of kind `Other` with this text.
@@ -64,6 +117,11 @@ pub enum ReplayError {
     /// Answer `410 Gone` so the client relists.
     #[error("resourceVersion too old for the cached watch log")]
     TooOld(TooOld),
+    /// The answering scope missed watch events (see
+    /// [`Store::mark_missed`](crate::Store::mark_missed)): nothing it holds can be replayed as
+    /// the truth until a LIST replaces it.
+    #[error("the cached scope missed watch events: {0}")]
+    Missed(String),
     #[error(transparent)]
     Cache(#[from] CacheError),
 }

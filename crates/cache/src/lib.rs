@@ -20,6 +20,7 @@
 
 mod engine;
 mod error;
+mod guard;
 mod json;
 mod keys;
 mod kv;
@@ -139,6 +140,16 @@ pub trait Store: Send + Sync {
     fn stats(&self) -> Result<Vec<ResourceStats>, CacheError>;
 
     fn health(&self) -> Health;
+
+    /// Marks a scope as having missed watch events (the proxy passed on an event the cache
+    /// could not store). Until [`Store::clear_missed`], reads report it: [`ListResult::missed`]
+    /// and [`ReplayError::Missed`]. The mark survives a restart; it is kept apart from the
+    /// database, so it can be written when the database cannot. `Ok(true)`: newly marked.
+    fn mark_missed(&self, scope: &ScopeId, reason: &str) -> Result<bool, CacheError>;
+
+    /// Clears a scope's mark, once a LIST taken after the missed events replaced the scope.
+    /// `Ok(true)`: it had one.
+    fn clear_missed(&self, scope: &ScopeId) -> Result<bool, CacheError>;
 
     /// A number that moves whenever a write may have changed what reads return (every commit,
     /// whatever it touched). No I/O, no lock: a reader that notes it *before* a read may keep

@@ -25,7 +25,7 @@ impl MemStore {
     /// `max_events`: watch events kept per scope.
     pub fn with_max_events(max_events: usize) -> Self {
         MemStore {
-            engine: Engine::new(MemKv::default(), max_events),
+            engine: Engine::new(MemKv::default(), max_events, Default::default()),
         }
     }
 
@@ -122,6 +122,14 @@ impl Store for MemStore {
 
     fn health(&self) -> Health {
         self.engine.health()
+    }
+
+    fn mark_missed(&self, scope: &ScopeId, reason: &str) -> Result<bool, CacheError> {
+        self.engine.missed().mark(scope, reason)
+    }
+
+    fn clear_missed(&self, scope: &ScopeId) -> Result<bool, CacheError> {
+        self.engine.missed().clear(scope)
     }
 
     fn write_seq(&self) -> u64 {
@@ -290,5 +298,27 @@ mod tests {
             Err(ReplayError::TooOld(_))
         ));
         assert_eq!(store.health().quarantined, 1);
+    }
+
+    /// A call stuck waiting for the store's lock (behind a stuck write or read) counts as busy:
+    /// it is what a deadlocked sled looks like from every other caller.
+    #[test]
+    fn a_call_waiting_for_the_lock_counts_as_busy() {
+        let store = std::sync::Arc::new(MemStore::new());
+        assert_eq!(store.health().busy_for, None);
+        let held = store.raw();
+        let waiting = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let pod = br#"{"metadata":{"name":"p","namespace":"a","resourceVersion":"1"}}"#;
+                store.put_object("kubelet", &Gvr::new("", "v1", "pods"), pod)
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let busy = store.health().busy_for.expect("busy");
+        assert!(busy >= std::time::Duration::from_millis(50), "{busy:?}");
+        drop(held);
+        waiting.join().unwrap().unwrap();
+        assert_eq!(store.health().busy_for, None);
     }
 }

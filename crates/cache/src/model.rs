@@ -13,7 +13,9 @@ use outpost_core::selector::{FieldSelector, LabelSelector};
 
 /// An API resource: `group` is `""` for the core group. Nothing is hard-coded per resource, so CRDs
 /// work like built-in types.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Gvr {
     pub group: String,
     pub version: String,
@@ -181,7 +183,9 @@ impl Scope {
 }
 
 /// A stored scope's identity, with selectors as canonical strings (see [`Scope::id`]).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct ScopeId {
     pub component: String,
     pub gvr: Gvr,
@@ -280,6 +284,11 @@ pub struct ListResult {
     /// list is incomplete: the proxy should not present it as the full truth (kubelet deletes
     /// pods missing from its list) and should refetch.
     pub missing: Vec<ObjectKey>,
+    /// Why the answering scope is known to have missed watch events (see
+    /// [`Store::mark_missed`](crate::Store::mark_missed)), if it is: its members may lack what
+    /// was created or still hold what was deleted since, so it must not be served as the truth
+    /// at its resourceVersion.
+    pub missed: Option<String>,
 }
 
 /// What happened to one write.
@@ -301,15 +310,24 @@ pub enum WriteOutcome {
     /// The event's scope was never listed and the object is not cached: nothing to do (a scope
     /// built from events alone would look complete without being so).
     ScopeUnknown,
+    /// The event is older than the scope's resourceVersion, which another watch of the same
+    /// scope (or a newer LIST) already moved past it: the scope holds its effect or a later
+    /// one, and nothing was written.
+    Superseded {
+        scope: ResourceVersion,
+    },
 }
 
 /// What one [`Store::replace_scope`](crate::Store::replace_scope) did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReplaceOutcome {
     pub stored: usize,
     pub kept_newer: usize,
     /// Members of the previous generation absent from the new list.
     pub removed: usize,
+    /// The scope already held a newer state (its resourceVersion, moved on by watch events or a
+    /// newer LIST) than the list's: the list was refused and nothing was written.
+    pub refused_older_than: Option<ResourceVersion>,
 }
 
 /// Per (component, resource) summary for `outpost cache ls`.
@@ -346,10 +364,13 @@ pub struct Health {
     /// Entries in the quarantine tree: corrupt entries kept (never served) for inspection,
     /// across restarts.
     pub quarantined: u64,
-    /// How long the storage call in progress (commit, flush, compaction) has been running.
-    /// sled 0.34 has a known deadlock (see `sled_store`); if this exceeds a few seconds the
-    /// store is stuck: stop teeing into it and restart the process.
+    /// How long the oldest store call in progress (a read, a write or flush including its wait
+    /// for the store's lock, a compaction since its last copied batch) has gone without
+    /// progress. sled 0.34 has a known deadlock (see `sled_store`); if this exceeds a few
+    /// seconds the store is stuck: stop teeing into it and restart the process.
     pub busy_for: Option<Duration>,
+    /// Scopes known to have missed watch events (see [`Store::mark_missed`](crate::Store::mark_missed)).
+    pub missed_scopes: u64,
 }
 
 /// The result of [`Store::verify`](crate::Store::verify).

@@ -49,7 +49,8 @@ fn replace_lists_items_in_key_order_with_the_list_rv(store: &dyn Store) {
         ReplaceOutcome {
             stored: 3,
             kept_newer: 0,
-            removed: 0
+            removed: 0,
+            refused_older_than: None,
         }
     );
     let list = store.list(&s).expect("list").expect("cached");
@@ -144,8 +145,12 @@ fn overlapping_scopes_share_one_copy_and_keep_their_own_members(store: &dyn Stor
 fn an_older_resource_version_never_replaces_a_newer_one(store: &dyn Store) {
     let s = scope("kubelet", &pods(), None, "", "");
     store
-        .replace_scope(&s, "10", &refs(&[pod("a", "p", "10", "n1", &[])]))
+        .replace_scope(&s, "5", &refs(&[pod("a", "p", "5", "n1", &[])]))
         .expect("replace");
+    // A GET brought a newer version than this scope's watch has reached.
+    store
+        .put_object("kubelet", &pods(), &pod("a", "p", "10", "n1", &[]))
+        .expect("put");
     let older = store
         .apply_event(&s, EventType::Modified, &pod("a", "p", "9", "n1", &[]))
         .expect("event");
@@ -163,9 +168,13 @@ fn an_older_resource_version_never_replaces_a_newer_one(store: &dyn Store) {
     assert_eq!(relist.kept_newer, 1);
     assert_eq!(found(store, &key("a", "p")), Some("10".into()));
     let equal = store
-        .apply_event(&s, EventType::Modified, &pod("a", "p", "10", "n9", &[]))
+        .apply_event(&s, EventType::Modified, &pod("a", "p", "11", "n9", &[]))
         .expect("event");
-    assert_eq!(equal, WriteOutcome::Stored, "equal versions are accepted");
+    assert_eq!(equal, WriteOutcome::Stored, "a newer version is accepted");
+    let same = store
+        .apply_event(&s, EventType::Modified, &pod("a", "p", "11", "n8", &[]))
+        .expect("event");
+    assert_eq!(same, WriteOutcome::Stored, "equal versions are accepted");
     let opaque = store
         .apply_event(
             &s,
@@ -763,7 +772,7 @@ fn verify_passes_a_healthy_cache(store: &dyn Store) {
         .replace_scope(&s, "10", &refs(&[pod("a", "p1", "1", "n1", &[])]))
         .expect("replace");
     store
-        .apply_event(&s, EventType::Modified, &pod("a", "p1", "2", "n1", &[]))
+        .apply_event(&s, EventType::Modified, &pod("a", "p1", "11", "n1", &[]))
         .expect("event");
     let report = store.verify().expect("verify");
     assert!(report.corrupt.is_empty(), "{:?}", report.corrupt);
@@ -1009,6 +1018,112 @@ fn a_group_of_events_ends_where_one_by_one_ends(store: &dyn Store) {
     assert_eq!(view(&grouped), expected);
 }
 
+/// Two clients of one component list and watch the same pods. The first one's LIST answer
+/// (at 10) lands after the second one's watch moved the scope to 13: it must not roll the scope
+/// back, and the first one's watch, replaying 11..13 behind the other, must not undo them.
+fn a_slow_list_never_rolls_the_scope_back(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "9", &refs(&[pod("a", "old", "8", "n1", &[])]))
+        .expect("first list");
+    // The second client's watch: p1 created at 11, `old` deleted at 12, p2 created at 13.
+    for (t, object) in [
+        (EventType::Added, pod("a", "p1", "11", "n1", &[])),
+        (EventType::Deleted, pod("a", "old", "12", "n1", &[])),
+        (EventType::Added, pod("a", "p2", "13", "n1", &[])),
+    ] {
+        store.apply_event(&s, t, &object).expect("event");
+    }
+    // The first client's LIST, taken at 10, arrives now.
+    let slow = store
+        .replace_scope(
+            &s,
+            "10",
+            &refs(&[
+                pod("a", "old", "8", "n1", &[]),
+                pod("a", "p0", "10", "n1", &[]),
+            ]),
+        )
+        .expect("slow list");
+    assert_eq!(
+        slow.refused_older_than.as_ref().map(|rv| rv.as_str()),
+        Some("13")
+    );
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "13");
+    assert_eq!(names(store, &s), ["p1", "p2"], "alive at 13, nothing else");
+    // Its watch from 10 replays what the scope already holds; a late ADDED of `old` (as a
+    // re-creation would look) and the DELETED of p1 at 11 are older than the scope.
+    for (t, object) in [
+        (EventType::Added, pod("a", "p1", "11", "n1", &[])),
+        (EventType::Deleted, pod("a", "p2", "12", "n1", &[])),
+        (EventType::Added, pod("a", "old", "12", "n1", &[])),
+    ] {
+        let outcome = store.apply_event(&s, t, &object).expect("event");
+        assert!(
+            matches!(outcome, WriteOutcome::Superseded { ref scope } if scope.as_str() == "13"),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(names(store, &s), ["p1", "p2"]);
+    // Both watches go on together: a newer event applies once, its repeat changes nothing.
+    let p3 = pod("a", "p3", "14", "n1", &[]);
+    assert_eq!(
+        store.apply_event(&s, EventType::Added, &p3).expect("event"),
+        WriteOutcome::Stored
+    );
+    assert_eq!(
+        store
+            .apply_event(&s, EventType::Added, &p3)
+            .expect("repeat"),
+        WriteOutcome::Stored
+    );
+    assert_eq!(names(store, &s), ["p1", "p2", "p3"]);
+    // A list at the scope's version or newer replaces it as always.
+    let fresh = store
+        .replace_scope(&s, "14", &refs(&[pod("a", "p3", "14", "n1", &[])]))
+        .expect("list");
+    assert_eq!(fresh.refused_older_than, None);
+    assert_eq!(names(store, &s), ["p3"]);
+    // Versions that do not parse are never ordered: the list is taken.
+    let opaque = store
+        .replace_scope(&s, "x1", &refs(&[pod("a", "p4", "x1", "n1", &[])]))
+        .expect("list");
+    assert_eq!(opaque.refused_older_than, None);
+    assert_eq!(names(store, &s), ["p4"]);
+}
+
+/// A scope marked as having missed events is reported by every read until the mark is cleared.
+fn a_scope_that_missed_events_is_reported_until_cleared(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "10", &refs(&[pod("a", "p1", "9", "n1", &[])]))
+        .expect("list");
+    assert_eq!(store.list(&s).expect("list").expect("cached").missed, None);
+    assert!(
+        store
+            .mark_missed(&s.id(), "the writer queue was full")
+            .expect("mark")
+    );
+    assert!(
+        !store.mark_missed(&s.id(), "again").expect("mark"),
+        "marked once"
+    );
+    assert_eq!(store.health().missed_scopes, 1);
+    let narrower = scope("kubelet", &pods(), Some("a"), "", "");
+    let list = store.list(&narrower).expect("list").expect("covered");
+    assert_eq!(list.missed.as_deref(), Some("the writer queue was full"));
+    match store.events_since(&narrower, "10") {
+        Err(ReplayError::Missed(reason)) => assert_eq!(reason, "the writer queue was full"),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.clear_missed(&s.id()).expect("clear"));
+    assert!(!store.clear_missed(&s.id()).expect("clear"), "cleared once");
+    assert_eq!(store.list(&s).expect("list").expect("cached").missed, None);
+    assert_eq!(store.health().missed_scopes, 0);
+    assert!(store.events_since(&s, "10").expect("replay").is_empty());
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         mod mem {
@@ -1034,6 +1149,8 @@ fn sled_store(dir: &std::path::Path) -> SledStore {
 
 suite!(
     replace_lists_items_in_key_order_with_the_list_rv,
+    a_slow_list_never_rolls_the_scope_back,
+    a_scope_that_missed_events_is_reported_until_cleared,
     bytes_are_stored_verbatim,
     a_relist_drops_missing_members_but_not_pinned_objects,
     overlapping_scopes_share_one_copy_and_keep_their_own_members,

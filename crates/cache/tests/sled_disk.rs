@@ -259,12 +259,23 @@ fn an_unusable_directory_is_a_typed_error_not_a_panic() {
     assert!(SledStore::open("/proc/outpost-cache", SledOptions::default()).is_err());
 
     std::fs::write(dir.path().join("CURRENT"), b"../../etc\n").expect("write");
-    let err = SledStore::open(dir.path(), SledOptions::default()).expect_err("bad CURRENT");
+    let inspect = SledOptions {
+        repair_damaged: false,
+        ..SledOptions::default()
+    };
+    let err = SledStore::open(dir.path(), inspect).expect_err("bad CURRENT");
     assert!(matches!(err, CacheError::Io { op: "read", .. }), "{err}");
+    // The daemon's setting: a CURRENT that names no database is damage, moved aside.
+    let store = SledStore::open(dir.path(), SledOptions::default()).expect("repaired");
+    let aside = store.moved_aside().expect("moved aside").to_owned();
+    assert_eq!(
+        std::fs::read(aside.join("CURRENT")).expect("kept"),
+        b"../../etc\n"
+    );
 }
 
 #[test]
-fn a_full_disk_fails_writes_with_a_typed_error_and_marks_the_store_degraded() {
+fn a_write_that_meets_a_full_disk_goes_to_a_fresh_database() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db_dir = dir.path().join("db-0");
     std::fs::create_dir_all(&db_dir).expect("mkdir");
@@ -284,21 +295,29 @@ fn a_full_disk_fails_writes_with_a_typed_error_and_marks_the_store_degraded() {
         }
         Ok(store) => store,
     };
-    let err = store
+    // sled fails the write (ENOSPC) and would refuse every later one, even once space is back:
+    // the store moves the entries to a fresh database (here on a real disk) and writes there.
+    let failed_db = store.active_db_dir();
+    store
         .put_document("/api", b"{}")
-        .expect_err("a full disk cannot persist a document");
-    assert!(err.is_storage(), "{err}");
-    assert!(
-        store.health().degraded,
-        "documents share the health tracking"
-    );
-    let s = scope("kubelet", &pods(), None, "", "");
-    let result = store.replace_scope(&s, "1", &refs(&[pod("a", "p", "1", "n1", &[])]));
-    let err = result.expect_err("a full disk cannot persist a relist");
-    assert!(err.is_storage(), "{err}");
+        .expect("written to a fresh database");
+    assert_ne!(store.active_db_dir(), failed_db);
     let health = store.health();
-    assert!(health.degraded);
-    assert!(health.last_error.is_some());
+    assert!(!health.degraded);
+    let why = health.last_error.expect("the failure is remembered");
+    assert!(why.contains("No space left"), "{why}");
+    let s = scope("kubelet", &pods(), None, "", "");
+    store
+        .replace_scope(&s, "1", &refs(&[pod("a", "p", "1", "n1", &[])]))
+        .expect("later writes go there too");
+    assert_eq!(
+        store.list(&s).expect("list").expect("cached").items.len(),
+        1
+    );
+    assert_eq!(
+        store.get_document("/api").expect("get").as_deref(),
+        Some(&b"{}"[..])
+    );
 }
 
 /// 100 pods of ~8 KiB, each overwritten `rounds` times through watch events.
@@ -421,4 +440,275 @@ fn compaction_preserves_every_entry_and_cleans_interrupted_attempts() {
         "leftover of an interrupted compaction removed"
     );
     assert_eq!(store.list(&s).expect("list"), before);
+}
+
+/// A cache shaped like a node's after a while: a relist of 300 pods, then 2,000 flushed watch
+/// events, so sled's file holds many segments.
+fn busy_cache(root: &Path) {
+    let store = open(root);
+    let s = scope("kubelet", &pods(), None, "", "");
+    let padded = |name: String, rv: u64| {
+        let mut p: serde_json::Value =
+            serde_json::from_slice(&pod("a", &name, &rv.to_string(), "n1", &[])).expect("json");
+        p["spec"]["padding"] = "x".repeat(1500).into();
+        serde_json::to_vec(&p).expect("json")
+    };
+    let items: Vec<Vec<u8>> = (0..300).map(|i| padded(format!("p{i}"), i)).collect();
+    store.replace_scope(&s, "300", &refs(&items)).expect("list");
+    for i in 0..2000u64 {
+        let event = padded(format!("p{}", i % 300), 301 + i);
+        store
+            .apply_event(&s, EventType::Modified, &event)
+            .expect("event");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+/// Ways a power cut or a dying SD card leaves sled's files. Returns what was done.
+fn damage(db_dir: &Path, variant: usize) -> &'static str {
+    let blob = db_dir.join("db");
+    let len = std::fs::metadata(&blob).map_or(0, |m| m.len());
+    let truncate = |to: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&blob)
+            .expect("open")
+            .set_len(to)
+            .expect("truncate")
+    };
+    let rewrite = |at: usize, n: usize, f: &dyn Fn(u8) -> u8| {
+        let mut bytes = std::fs::read(&blob).expect("read");
+        for b in &mut bytes[at..at + n] {
+            *b = f(*b);
+        }
+        std::fs::write(&blob, bytes).expect("write");
+    };
+    let snapshot = || {
+        std::fs::read_dir(db_dir)
+            .expect("read dir")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+            })
+    };
+    let len_us = len as usize;
+    match variant {
+        0 => truncate(len / 2),
+        1 => truncate(len / 3),
+        2 => truncate(len * 2 / 3),
+        3 => truncate(len / 2 + 1000),
+        4 => rewrite(len_us / 2, 4096, &|b| b ^ 0xff),
+        5 => rewrite(0, 64, &|_| 0),
+        6 => rewrite(len_us / 2, 64, &|_| 0),
+        7 => rewrite(len_us * 3 / 4, 512, &|_| 0x5a),
+        8 => std::fs::remove_file(&blob).expect("rm"),
+        9 => truncate(0),
+        10 => {
+            if let Some(snap) = snapshot() {
+                std::fs::remove_file(snap).expect("rm");
+            }
+            truncate(len / 2);
+        }
+        _ => {
+            if let Some(snap) = snapshot() {
+                let mut bytes = std::fs::read(&snap).expect("read");
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0xff;
+                std::fs::write(&snap, bytes).expect("write");
+            }
+            rewrite(len_us / 4, 8192, &|b| b.wrapping_add(1));
+        }
+    }
+    [
+        "truncated to 1/2",
+        "truncated to 1/3",
+        "truncated to 2/3",
+        "truncated past 1/2",
+        "4 KiB flipped in the middle",
+        "header zeroed",
+        "64 bytes zeroed in the middle",
+        "512 bytes overwritten at 3/4",
+        "log file deleted",
+        "log file emptied",
+        "snapshot deleted and log halved",
+        "snapshot and log bytes changed",
+    ][variant.min(11)]
+}
+
+/// Real damage, as sled's files are left by a power cut: the store always opens (sled's panics
+/// and corruption errors are damage; the database is moved aside and a fresh one started), a
+/// full read never takes the process down, and the store takes writes afterwards.
+#[test]
+fn a_damaged_database_never_stops_the_store() {
+    let s = scope("kubelet", &pods(), None, "", "");
+    let mut detected = Vec::new();
+    // Which damage sled notices varies with where its segments fell: up to three caches.
+    for _ in 0..3 {
+        let template = tempfile::tempdir().expect("tempdir");
+        busy_cache(template.path());
+        for variant in 0..12 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            copy_dir(template.path(), dir.path());
+            let what = damage(&dir.path().join("db-0"), variant);
+            let store = SledStore::open(dir.path(), SledOptions::default())
+                .unwrap_or_else(|e| panic!("{what}: the store must open: {e}"));
+            if let Some(aside) = store.moved_aside() {
+                assert!(aside.join("db-0").is_dir(), "{what}: kept for inspection");
+            }
+            // A full read: damage it meets is an error, never a panic.
+            let _ = store.verify();
+            let _ = store.list(&s);
+            store
+                .put_document("after", b"{}")
+                .unwrap_or_else(|e| panic!("{what}: the store must take writes: {e}"));
+            store
+                .replace_scope(&s, "5000", &refs(&[pod("a", "p", "5000", "n1", &[])]))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let list = store.list(&s).expect("list").expect("cached");
+            assert_eq!(list.resource_version.as_str(), "5000", "{what}");
+            assert!(!store.health().degraded, "{what}: healthy again");
+            if store.active_db_dir() != dir.path().join("db-0") {
+                detected.push(what);
+            }
+        }
+        if !detected.is_empty() {
+            eprintln!("damage detected and repaired for: {detected:?}");
+            return;
+        }
+    }
+    panic!("sled reports or panics on none of these");
+}
+
+#[test]
+fn damage_is_an_error_without_repair_and_moved_aside_with_it() {
+    let inspect = SledOptions {
+        repair_damaged: false,
+        ..SledOptions::default()
+    };
+    // Which damage sled notices at open varies with where its segments fell: try until one.
+    for _ in 0..3 {
+        let template = tempfile::tempdir().expect("tempdir");
+        busy_cache(template.path());
+        for variant in 0..12 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            copy_dir(template.path(), dir.path());
+            let what = damage(&dir.path().join("db-0"), variant);
+            let Err(err) = SledStore::open(dir.path(), inspect.clone()) else {
+                continue;
+            };
+            assert!(err.is_damage(), "{what}: {err}");
+            assert!(
+                dir.path().join("db-0").is_dir(),
+                "left alone without repair"
+            );
+            let store = SledStore::open(dir.path(), SledOptions::default()).expect("repaired");
+            let aside = store.moved_aside().expect("moved aside");
+            assert!(
+                aside.join("db-0").join("conf").exists(),
+                "{what}: kept whole"
+            );
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join("CURRENT")).expect("CURRENT"),
+                "db-1\n"
+            );
+            return;
+        }
+    }
+    panic!("sled opened every damaged copy without an error or a panic");
+}
+
+/// At most `DAMAGED_KEPT` damaged copies stay, and they never count towards the cache's size.
+#[test]
+fn damaged_copies_are_bounded_and_not_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for round in 0..4 {
+        std::fs::create_dir_all(dir.path().join(format!("db-{round}"))).expect("mkdir");
+        std::fs::write(dir.path().join("CURRENT"), format!("bad {round}\n")).expect("write");
+        let store = SledStore::open(dir.path(), SledOptions::default()).expect("open");
+        let size = store.size_on_disk().expect("size");
+        std::fs::write(
+            store.moved_aside().expect("aside").join("ballast"),
+            vec![0; 1 << 20],
+        )
+        .expect("ballast");
+        assert!(store.size_on_disk().expect("size") < size + (1 << 20));
+        drop(store);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+    }
+    let damaged = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("damaged-"))
+        .count();
+    assert_eq!(damaged, outpost_cache::sled_store::DAMAGED_KEPT);
+}
+
+/// With the free-space floor above what the file system has, every write is refused with a
+/// typed error and nothing is written, except deletions (an upstream 404 must still make a
+/// stale object go) and the marks of scopes that missed events.
+#[test]
+fn under_the_free_space_floor_writes_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = scope("kubelet", &pods(), None, "", "");
+    {
+        let store = open(dir.path());
+        store
+            .replace_scope(&s, "10", &refs(&[pod("a", "p1", "9", "n1", &[])]))
+            .expect("list");
+        store
+            .put_object("kubelet", &pods(), &pod("a", "p2", "11", "n1", &[]))
+            .expect("get");
+    }
+    let floored = SledOptions {
+        min_free_bytes: Some(u64::MAX),
+        ..SledOptions::default()
+    };
+    let store = SledStore::open(dir.path(), floored).expect("open");
+    let err = store
+        .apply_event(&s, EventType::Added, &pod("a", "p3", "12", "n1", &[]))
+        .expect_err("refused");
+    assert!(matches!(err, CacheError::LowSpace { .. }), "{err}");
+    assert!(err.to_string().contains("floor"), "{err}");
+    let health = store.health();
+    assert!(health.degraded);
+    assert!(health.last_error.expect("why").contains("floor"));
+    for refused in [
+        store
+            .replace_scope(&s, "13", &refs(&[]))
+            .map(|_| ())
+            .expect_err("list"),
+        store.put_document("x", b"{}").expect_err("document"),
+        store
+            .put_object("kubelet", &pods(), &pod("a", "p4", "14", "n1", &[]))
+            .map(|_| ())
+            .expect_err("object"),
+    ] {
+        assert!(matches!(refused, CacheError::LowSpace { .. }), "{refused}");
+    }
+    assert!(store.delete_object(&key("a", "p2")).expect("deletion"));
+    assert!(store.mark_missed(&s.id(), "no space").expect("mark"));
+    drop(store);
+    let store = open(dir.path());
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "10", "nothing else written");
+    assert_eq!(
+        list.missed.as_deref(),
+        Some("no space"),
+        "the mark survived"
+    );
+    assert_eq!(store.get(&key("a", "p2")).expect("get"), Lookup::NotCached);
 }

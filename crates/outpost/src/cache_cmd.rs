@@ -57,7 +57,7 @@ pub fn main(command: CacheCommand) -> ExitCode {
     let result = match command {
         CacheCommand::Ls(args) => ls(&args, &mut stdout),
         CacheCommand::Get(args) => get(&args, &mut stdout),
-        CacheCommand::Verify(args) => verify(&args.disk_cache_path, &mut stdout),
+        CacheCommand::Verify(args) => verify(&args.path.disk_cache_path, args.repair, &mut stdout),
         CacheCommand::Export(args) => export(&args, &mut stdout),
     }
     .and_then(|()| stdout.flush().map_err(Failure::from));
@@ -70,8 +70,14 @@ pub fn main(command: CacheCommand) -> ExitCode {
     }
 }
 
-/// Opens an existing cache, never creating one, and names a lock held by a running hub.
+/// Opens an existing cache, never creating one, and names a lock held by a running hub. Damage
+/// is reported, and the files left alone.
 fn open(path: &Path) -> Result<SledStore, Failure> {
+    open_with(path, false)
+}
+
+/// [`open`]; `repair`: a damaged database is moved aside and a fresh one started instead.
+fn open_with(path: &Path, repair: bool) -> Result<SledStore, Failure> {
     let shown = path.display();
     match fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -92,11 +98,20 @@ fn open(path: &Path) -> Result<SledStore, Failure> {
             "no cache at {shown} (no CURRENT file: no hub has cached here)"
         )));
     }
-    SledStore::open(path, SledOptions::default()).map_err(|e| {
+    let options = SledOptions {
+        repair_damaged: repair,
+        ..SledOptions::default()
+    };
+    SledStore::open(path, options).map_err(|e| {
         if e.is_locked() {
             Failure::usage(format!(
                 "the cache at {shown} is in use by a running outpost (sled holds its lock); \
                  stop the daemon or use its admin endpoints"
+            ))
+        } else if e.is_damage() {
+            Failure::failed(format!(
+                "the cache at {shown} is damaged ({e}); `outpost cache verify --repair` moves it \
+                 aside and starts a fresh one (the hub does the same when it starts)"
             ))
         } else {
             Failure::failed(format!("cannot open the cache at {shown}: {e}"))
@@ -361,9 +376,39 @@ fn resolve_plain(stats: &[ResourceStats], component: &str, plain: &str) -> Resul
 
 // ---- verify ------------------------------------------------------------------------------------
 
-fn verify(path: &Path, out: &mut impl Write) -> Result<(), Failure> {
-    let store = open(path)?;
-    let report = store.verify().map_err(cache_error("verifying the cache"))?;
+fn verify(path: &Path, repair: bool, out: &mut impl Write) -> Result<(), Failure> {
+    let store = open_with(path, repair)?;
+    if let Some(aside) = store.moved_aside() {
+        writeln!(
+            out,
+            "the cache was damaged: moved aside to {} (kept for inspection); a fresh, empty cache \
+             was started, which the hub refills from the cloud",
+            aside.display()
+        )?;
+        return Ok(());
+    }
+    let report = match store.verify() {
+        Ok(report) => report,
+        Err(e) if e.is_damage() && repair => {
+            let aside = store
+                .start_afresh(&e)
+                .map_err(cache_error("repairing the cache"))?;
+            writeln!(
+                out,
+                "the cache is damaged ({e}): moved aside to {} (kept for inspection); a fresh, \
+                 empty cache was started, which the hub refills from the cloud",
+                aside.display()
+            )?;
+            return Ok(());
+        }
+        Err(e) if e.is_damage() => {
+            return Err(Failure::failed(format!(
+                "the cache is damaged ({e}); `outpost cache verify --repair` moves it aside and \
+                 starts a fresh one (the hub does the same when it meets it)"
+            )));
+        }
+        Err(e) => return Err(cache_error("verifying the cache")(e)),
+    };
     let corrupt = report.corrupt.len();
     if corrupt == 0 {
         writeln!(out, "checked {} entries: no corruption", report.checked)?;
@@ -384,6 +429,7 @@ fn verify(path: &Path, out: &mut impl Write) -> Result<(), Failure> {
     )?;
     match corrupt {
         0 => Ok(()),
+        _ if repair => Ok(()),
         n => Err(Failure::failed(format!(
             "{n} corrupt cache {} found; quarantined (never served, cached again on the next fetch)",
             if n == 1 { "entry" } else { "entries" }
@@ -527,7 +573,7 @@ mod tests {
         let CacheCommand::Verify(args) = *command else {
             panic!("not verify");
         };
-        assert_eq!(args.disk_cache_path, hub.hub.disk_cache_path);
+        assert_eq!(args.path.disk_cache_path, hub.hub.disk_cache_path);
     }
 
     #[test]

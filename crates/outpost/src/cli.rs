@@ -64,8 +64,9 @@ pub enum CacheCommand {
     Ls(CacheLsArgs),
     /// Print one cached object's JSON exactly as upstream sent it.
     Get(CacheGetArgs),
-    /// Check every entry; corrupt ones are quarantined. Exits 1 if any was found.
-    Verify(CachePathArgs),
+    /// Check every entry; corrupt ones are quarantined. Exits 1 if any was found, or if the
+    /// database itself is damaged (`--repair` then moves it aside and starts a fresh one).
+    Verify(CacheVerifyArgs),
     /// Write every cached object to one JSON file, grouped by component and resource.
     Export(CacheExportArgs),
 }
@@ -75,6 +76,18 @@ pub struct CachePathArgs {
     /// Where the edge cache lives (the hub's --disk-cache-path; never created here).
     #[arg(long, default_value = DEFAULT_DISK_CACHE_PATH)]
     pub disk_cache_path: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CacheVerifyArgs {
+    #[command(flatten)]
+    pub path: CachePathArgs,
+    /// Repair instead of only reporting, as the hub does at start: a damaged database (one sled
+    /// cannot open or read) is moved aside to `damaged-<unix time>/` in the cache directory,
+    /// kept for inspection, and a fresh, empty one started, which the hub refills from the
+    /// cloud; corrupt entries are quarantined. Exits 0 once the cache is usable.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// `outpost cache ls --output`.
@@ -178,6 +191,19 @@ pub struct HubFlags {
     /// with overwrites; compaction rewrites the live entries). 0 disables.
     #[arg(long, default_value_t = 256)]
     pub disk_cache_compact_above_mib: u64,
+    /// Outpost only: stop caching while the file system under `--disk-cache-path` has less than
+    /// this free (bytes, or with a Ki/Mi/Gi suffix), and resume once it has more: the cache
+    /// never fills the disk (sled cannot recover from a full one), scopes whose watch events
+    /// could not be cached meanwhile answer 503 offline until relisted, and readyz says why.
+    /// The default leaves room for several relists between two checks and for the node's other
+    /// writers. 0 disables.
+    #[arg(long, default_value = "64Mi", value_parser = byte_size)]
+    pub cache_min_free_bytes: u64,
+    /// Outpost only: objects larger than this (bytes, or with a Ki/Mi/Gi suffix) are proxied
+    /// but not cached, nor a LIST holding one (a watch event over it marks its scope stale).
+    /// The default is kube-apiserver's own request size limit: no stored object is larger.
+    #[arg(long, default_value = "3Mi", value_parser = byte_size)]
+    pub cache_max_object_bytes: u64,
     /// How the hub gets its client certificate.
     #[arg(long, value_enum, default_value = "token")]
     pub bootstrap_mode: BootstrapMode,
@@ -383,6 +409,10 @@ pub struct ValidatedHub {
     pub disk_cache_path: PathBuf,
     /// `--disk-cache-compact-above-mib` in bytes; `None` = never compact by itself.
     pub compact_above_bytes: Option<u64>,
+    /// `--cache-min-free-bytes`; `None` = no floor.
+    pub min_free_bytes: Option<u64>,
+    /// `--cache-max-object-bytes`.
+    pub max_object_bytes: usize,
     pub identity: IdentitySource,
     pub lb_mode: LbMode,
     /// `--namespace`: where `yurt-hub-cfg` lives.
@@ -452,6 +482,8 @@ impl HubFlags {
             disk_cache_path: self.disk_cache_path.clone(),
             compact_above_bytes: (self.disk_cache_compact_above_mib > 0)
                 .then(|| self.disk_cache_compact_above_mib.saturating_mul(1 << 20)),
+            min_free_bytes: (self.cache_min_free_bytes > 0).then_some(self.cache_min_free_bytes),
+            max_object_bytes: usize::try_from(self.cache_max_object_bytes).unwrap_or(usize::MAX),
             identity,
             lb_mode: match self.lb_mode {
                 LbModeFlag::Rr => LbMode::RoundRobin,
@@ -643,6 +675,27 @@ fn go_duration(value: &str) -> Result<Duration, String> {
     parse_go_duration(value).map_err(|e| e.to_string())
 }
 
+/// A size in bytes: a plain number, or one with a Kubernetes binary suffix (`Ki`, `Mi`, `Gi`).
+fn byte_size(value: &str) -> Result<u64, String> {
+    let value = value.trim();
+    let (digits, unit) = match value.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => value.split_at(at),
+        None => (value, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        other => return Err(format!("unknown unit {other:?} (use Ki, Mi or Gi)")),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{value:?} is not a size in bytes"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{value:?} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -657,6 +710,25 @@ mod tests {
         "--nodepool-name=pool-a",
         "--bootstrap-mode=kubeletcertificate",
     ];
+
+    #[test]
+    fn cache_sizes_take_plain_bytes_or_binary_suffixes() {
+        assert_eq!(byte_size("4096"), Ok(4096));
+        assert_eq!(byte_size("64Mi"), Ok(64 << 20));
+        assert_eq!(byte_size("3Mi"), Ok(3 << 20));
+        assert_eq!(byte_size("1Gi"), Ok(1 << 30));
+        assert_eq!(byte_size("0"), Ok(0));
+        for bad in ["", "Mi", "3MB", "-1", "1.5Mi", "99999999999999999999Gi"] {
+            assert!(byte_size(bad).is_err(), "{bad}");
+        }
+        let v = parse(GOOD).unwrap().hub.validate().unwrap();
+        assert_eq!(v.min_free_bytes, Some(64 << 20));
+        assert_eq!(v.max_object_bytes, 3 << 20);
+        let mut args = GOOD.to_vec();
+        args.extend(["--cache-min-free-bytes=0", "--cache-max-object-bytes=1Ki"]);
+        let v = parse(&args).unwrap().hub.validate().unwrap();
+        assert_eq!((v.min_free_bytes, v.max_object_bytes), (None, 1024));
+    }
 
     #[test]
     fn yurthub_defaults() {

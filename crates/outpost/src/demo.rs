@@ -128,6 +128,8 @@ async fn start_hub(
             agents: CacheAgents::default(),
             volatile: None,
             min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
+            max_object_bytes: outpost_proxy::edge::writer::DEFAULT_MAX_OBJECT_BYTES,
+            hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
         }),
         namespace: "kube-system".into(),
         // One-second probes instead of yurthub's ten, so the demo's outage and recovery take

@@ -112,13 +112,17 @@ fn identity_files(source: &IdentitySource) -> Result<IdentityFiles, StartupError
         .map_err(|e| StartupError(format!("token bootstrap: {e}")))
 }
 
-/// Opens the sled cache. Another process holding it (a second hub) is a start-up error; a cache
-/// that cannot be opened for any other reason (disk full, I/O errors) must not stop the node's
-/// traffic, so the hub runs with an in-memory cache and reports it degraded.
+/// Opens the sled cache. Another process holding it (a second hub) is a start-up error. A
+/// damaged cache (sled panics or reports corruption) is moved aside and a fresh one started
+/// (`outpost_cache::sled_store`, "Damage"); one that cannot be opened for any other reason (a
+/// read-only or full disk, permissions) must not stop the node's traffic either, so the hub
+/// runs with an in-memory cache and reports it degraded.
 fn open_cache(v: &ValidatedHub) -> Result<EdgeConfig, StartupError> {
     let path = &v.disk_cache_path;
     let options = SledOptions {
         compact_above_bytes: v.compact_above_bytes,
+        min_free_bytes: v.min_free_bytes,
+        repair_damaged: true,
         ..SledOptions::default()
     };
     let (store, volatile): (Arc<dyn Store>, _) = match SledStore::open(path, options) {
@@ -142,6 +146,8 @@ fn open_cache(v: &ValidatedHub) -> Result<EdgeConfig, StartupError> {
         agents: CacheAgents::default(),
         volatile,
         min_request_timeout: v.min_request_timeout,
+        max_object_bytes: v.max_object_bytes,
+        hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
     })
 }
 
@@ -204,7 +210,7 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         // Signal handlers first: a SIGTERM that arrives while the hub starts must still take
         // the graceful path, not the default "terminate now".
         let signals = match Signals::install() {
@@ -236,8 +242,16 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
         }
         hub.shutdown().await;
         ExitCode::SUCCESS
-    })
+    });
+    // Dropping the runtime would wait for every blocking task, and one stuck in the cache (a
+    // deadlocked store) never ends: the hub must stop within its grace period whatever the disk
+    // does. Every write was flushed when it was made, and the final flush was waited for.
+    runtime.shutdown_timeout(RUNTIME_STOP_WITHIN);
+    code
 }
+
+/// How long the stopping hub waits for blocking tasks once everything else has stopped.
+const RUNTIME_STOP_WITHIN: Duration = Duration::from_secs(1);
 
 /// Writes the hub's state where yurthub writes its stacks on SIGUSR1; one log line says where.
 async fn dump_state(hub: &Hub, root_dir: &Path) {

@@ -1,6 +1,9 @@
 //! The admin server on `--bind-address:--serve-port` (127.0.0.1:10267), with yurthub's paths:
 //!
-//! - `GET /v1/healthz`: `200 OK` while the process runs (liveness).
+//! - `GET /v1/healthz`: `200 OK` while the process runs (liveness); `500` once a cache store
+//!   call has made no progress for [`Readiness::cache_hung_after`] (a deadlocked sled, a disk
+//!   that stopped answering): the static pod's liveness probe then restarts the hub, the one way
+//!   out of a stuck store. Readiness alone did not help there: nothing restarts an unready pod.
 //! - `GET /v1/readyz`: `200` only when every readiness check passes; the body lists each check in
 //!   kube-apiserver's `[+]name ok` / `[-]name failed: reason` style with the time its state began;
 //!   `?verbose` adds details. A degraded check (offline and serving from the cache, a cache that
@@ -33,6 +36,10 @@ use crate::metrics::Metrics;
 /// A storage call running longer than this means sled is stuck (see `outpost_cache::Health`).
 const CACHE_STUCK_AFTER: Duration = Duration::from_secs(10);
 
+/// A store call without progress for this long fails liveness: far beyond a flushed write on
+/// a slow SD card or a relist's commit; a compaction reports progress per copied batch.
+pub const CACHE_HUNG_AFTER: Duration = Duration::from_secs(30);
+
 /// The result of one readiness check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResult {
@@ -63,6 +70,9 @@ pub struct Readiness {
     pub cache: Option<Arc<dyn outpost_cache::Store>>,
     /// Why the disk cache is an in-memory stand-in, if it is.
     pub cache_volatile: Option<String>,
+    /// How long a store call may go without progress before `/v1/healthz` fails
+    /// ([`CACHE_HUNG_AFTER`]).
+    pub cache_hung_after: Duration,
     /// The apiservers' health.
     pub servers: Option<Arc<ServerStates>>,
     /// Edge mode: with no server healthy the cache serves, so the hub is degraded, not unready.
@@ -93,6 +103,16 @@ pub struct Tracked {
 }
 
 impl Readiness {
+    /// Why the process should be restarted, if it should (see `/v1/healthz`).
+    pub fn liveness_failure(&self) -> Option<String> {
+        let busy = self.cache.as_deref()?.health().busy_for?;
+        (busy > self.cache_hung_after).then(|| {
+            format!(
+                "a cache store call has made no progress for {busy:?}; the hub must be restarted"
+            )
+        })
+    }
+
     pub fn checks(&self, now: SystemTime) -> Vec<CheckResult> {
         let mut checks = vec![self.certificate_check(now)];
         checks.extend(
@@ -220,6 +240,12 @@ fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> Chec
         true,
         format!("open; {} entries quarantined", health.quarantined),
     );
+    let missed = (health.missed_scopes > 0).then(|| {
+        format!(
+            "; {} cached scope(s) missed watch events and answer 503 offline until relisted",
+            health.missed_scopes
+        )
+    });
     if let Some(why) = volatile {
         check.degraded = true;
         check.detail = format!("in memory only, nothing survives a restart ({why})");
@@ -229,6 +255,10 @@ fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> Chec
             "cannot persist writes ({}); proxying continues",
             health.last_error.as_deref().unwrap_or("unknown error")
         );
+    }
+    if let Some(missed) = missed {
+        check.degraded = true;
+        check.detail.push_str(&missed);
     }
     check
 }
@@ -368,7 +398,10 @@ impl Admin {
                 .any(|p| p == "verbose" || p.starts_with("verbose="))
         });
         match req.uri().path() {
-            "/v1/healthz" => text(StatusCode::OK, "OK"),
+            "/v1/healthz" => match self.readiness.liveness_failure() {
+                None => text(StatusCode::OK, "OK"),
+                Some(why) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")),
+            },
             "/v1/readyz" => self.readyz(verbose),
             "/pods" => self.pods.serve().await,
             "/metrics" => {
@@ -508,6 +541,7 @@ mod tests {
             identity: tokio::sync::watch::channel(identity(valid_for)).1,
             cache: None,
             cache_volatile: None,
+            cache_hung_after: CACHE_HUNG_AFTER,
             servers: None,
             edge: false,
             config: None,
@@ -562,6 +596,7 @@ mod tests {
             identity: tokio::sync::watch::channel(identity(Duration::from_secs(3600))).1,
             cache: None,
             cache_volatile: None,
+            cache_hung_after: CACHE_HUNG_AFTER,
             servers: None,
             edge: false,
             config: None,

@@ -4,7 +4,7 @@
 //! cause to HTTP code lives here and nowhere else: malformed request (or request body) → 400, no
 //! credentials on the secure port → 401, a client that stops sending its body → 408, no upstream
 //! reachable → 503, upstream too slow → 504, upstream answered with something that is not HTTP →
-//! 502.
+//! 502, a cache that cannot answer (stuck, damaged, a scope that missed events) → 503.
 
 use std::time::Duration;
 
@@ -105,7 +105,10 @@ impl ProxyError {
             } => Status::not_found(&group, &resource, &name),
             ProxyError::Expired(_) => Status::expired(message),
             ProxyError::NotAcceptable(_) => Status::new(Reason::NotAcceptable, message),
-            ProxyError::Cache(_) | ProxyError::Internal(_) => Status::internal(message),
+            // The hub cannot answer from its cache for now (a stuck or damaged store, which is
+            // replaced or restarted): unavailable, not a fault in the request or the hub's logic.
+            ProxyError::Cache(_) => Status::service_unavailable(message).with_retry_after(1),
+            ProxyError::Internal(_) => Status::internal(message),
             ProxyError::Local(status) => status,
         }
     }
@@ -220,7 +223,7 @@ mod tests {
             ),
             (ProxyError::Expired("too old".into()), 410),
             (ProxyError::NotAcceptable("protobuf".into()), 406),
-            (ProxyError::Cache("disk".into()), 500),
+            (ProxyError::Cache("disk".into()), 503),
             (ProxyError::Internal("filter task panicked".into()), 500),
         ];
         for (err, code) in cases {

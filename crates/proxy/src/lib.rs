@@ -126,6 +126,11 @@ pub struct EdgeConfig {
     pub volatile: Option<String>,
     /// `--min-request-timeout`: an offline watch without `timeoutSeconds` lasts 1x-2x of it.
     pub min_request_timeout: Duration,
+    /// `--cache-max-object-bytes`: larger objects are proxied but not cached.
+    pub max_object_bytes: usize,
+    /// How long a store call may go without progress before `/v1/healthz` fails
+    /// ([`admin::CACHE_HUNG_AFTER`]).
+    pub hung_after: Duration,
 }
 
 impl std::fmt::Debug for EdgeConfig {
@@ -223,6 +228,10 @@ impl Hub {
             metrics.upstream_connections.clone(),
         ));
         let volatile = config.edge.as_ref().and_then(|c| c.volatile.clone());
+        let cache_hung_after = config
+            .edge
+            .as_ref()
+            .map_or(admin::CACHE_HUNG_AFTER, |c| c.hung_after);
         let min_request_timeout = config
             .edge
             .as_ref()
@@ -237,6 +246,7 @@ impl Hub {
                     states.clone(),
                     metrics.clone(),
                     c.volatile.is_some(),
+                    c.max_object_bytes,
                 )
                 .map_err(StartError::Writer)?
                 .with_min_request_timeout(c.min_request_timeout),
@@ -258,6 +268,7 @@ impl Hub {
             identity: upstream.identity(),
             cache: edge.as_ref().map(|e| e.store().clone()),
             cache_volatile: volatile,
+            cache_hung_after,
             servers: Some(states.clone()),
             edge: edge.is_some(),
             config: None,

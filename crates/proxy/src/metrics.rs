@@ -31,6 +31,11 @@ pub struct Metrics {
     pub cache_dropped: IntCounterVec,
     /// Edge cache: 1 while the last write or flush failed (disk full, read-only).
     pub cache_degraded: IntGauge,
+    /// Edge cache: watch events (or lists) passed on that the cache could not store, by reason;
+    /// each marks its scope as having missed events.
+    pub cache_missed: IntCounterVec,
+    /// Edge cache: scopes known to have missed events, answered 503 offline until relisted.
+    pub cache_missed_scopes: IntGauge,
     /// Edge cache: requests answered from the cache, by verb and result.
     pub cache_served: IntCounterVec,
     /// Pool-scope reads answered from the shared cache, by resource and verb.
@@ -152,6 +157,19 @@ impl Metrics {
         let cache_degraded = IntGauge::new(
             "outpost_cache_degraded",
             "1 while the edge cache cannot persist writes (disk full, read-only, I/O error).",
+        )
+        .expect("valid metric definition");
+        let cache_missed = IntCounterVec::new(
+            Opts::new(
+                "outpost_cache_missed_total",
+                "Responses passed on that the edge cache could not store (queue_full, too_large, no_space, write_failed, not_durable); each marks its scope stale.",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric definition");
+        let cache_missed_scopes = IntGauge::new(
+            "outpost_cache_missed_scopes",
+            "Cached scopes known to have missed watch events: answered 503 offline until a LIST replaces them.",
         )
         .expect("valid metric definition");
         let cache_served = IntCounterVec::new(
@@ -294,6 +312,8 @@ impl Metrics {
             Box::new(cache_writes.clone()),
             Box::new(cache_dropped.clone()),
             Box::new(cache_degraded.clone()),
+            Box::new(cache_missed.clone()),
+            Box::new(cache_missed_scopes.clone()),
             Box::new(cache_served.clone()),
             Box::new(shared_served.clone()),
             Box::new(autonomy.clone()),
@@ -331,6 +351,8 @@ impl Metrics {
             cache_writes,
             cache_dropped,
             cache_degraded,
+            cache_missed,
+            cache_missed_scopes,
             cache_served,
             shared_served,
             autonomy,

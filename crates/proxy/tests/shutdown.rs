@@ -11,8 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use outpost_cache::{
     CacheError, CachedObject, CompactReport, Event, EventType, Gvr, Health, ListResult, Lookup,
-    MemStore, ObjectKey, ReplaceOutcome, ReplayError, ResourceStats, ResourceVersion, Scope, Store,
-    VerifyReport, WriteOutcome,
+    MemStore, ObjectKey, ReplaceOutcome, ReplayError, ResourceStats, ResourceVersion, Scope,
+    ScopeId, Store, VerifyReport, WriteOutcome,
 };
 use outpost_certs::UpstreamTls;
 use outpost_proxy::edge::CacheAgents;
@@ -83,6 +83,12 @@ impl Store for SlowStore {
     fn stats(&self) -> Result<Vec<ResourceStats>, CacheError> {
         self.0.stats()
     }
+    fn mark_missed(&self, scope: &ScopeId, reason: &str) -> Result<bool, CacheError> {
+        self.0.mark_missed(scope, reason)
+    }
+    fn clear_missed(&self, scope: &ScopeId) -> Result<bool, CacheError> {
+        self.0.clear_missed(scope)
+    }
     fn health(&self) -> Health {
         self.0.health()
     }
@@ -112,6 +118,8 @@ async fn a_stopping_hub_applies_the_cache_writes_it_owes() {
         agents: CacheAgents::default(),
         volatile: None,
         min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
+        max_object_bytes: outpost_proxy::edge::writer::DEFAULT_MAX_OBJECT_BYTES,
+        hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
     };
     let hub = Hub::start(common::hub_config(&fake.url(), tls, Some(edge)))
         .await

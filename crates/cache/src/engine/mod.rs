@@ -10,10 +10,12 @@
 
 pub(crate) mod document;
 pub(crate) mod maintain;
+pub(crate) mod missed;
 pub(crate) mod read;
 pub(crate) mod write;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
@@ -23,8 +25,9 @@ use tracing::warn;
 use crate::error::CacheError;
 use crate::keys;
 use crate::kv::{Kv, WriteBatch};
-use crate::model::Health;
+use crate::model::{Health, ScopeId};
 use crate::record::now_millis;
+use missed::MissedScopes;
 
 /// A stored value that failed its checks, seen by a reader.
 #[derive(Debug)]
@@ -40,34 +43,80 @@ pub(crate) struct Engine<K> {
     health: Mutex<Health>,
     /// Entries in the quarantine tree, kept here so `health` never waits for the `kv` lock.
     quarantined: AtomicU64,
-    /// When the storage call in progress started (ms since the epoch), 0 if none: a stuck
-    /// engine shows in `health` even though its lock is held forever.
-    busy_since_ms: AtomicU64,
+    /// The store calls in progress: a stuck engine shows in `health` even though its lock is
+    /// held forever.
+    calls: Calls,
+    /// Set when a call met damage (`CacheError::is_damage`); the on-disk store then starts a
+    /// fresh database before its next write.
+    damaged: AtomicBool,
+    /// Scopes known to have missed watch events.
+    missed: MissedScopes,
     /// Watch events kept per scope; older watches get 410.
     max_events: usize,
     /// Bumped by every commit (see [`crate::Store::write_seq`]).
     writes: AtomicU64,
 }
 
+/// Store calls in progress, each with the time (ms since the epoch) it started or last made
+/// progress.
+#[derive(Default)]
+struct Calls {
+    next_id: AtomicU64,
+    running: Mutex<BTreeMap<u64, u64>>,
+}
+
+/// One store call in progress, from before it waits for the lock until it returns.
+pub(crate) struct Busy<'a> {
+    calls: &'a Calls,
+    id: u64,
+}
+
+impl Busy<'_> {
+    /// A long call (a compaction) says it is still moving.
+    pub(crate) fn progress(&self) {
+        let mut running = self
+            .calls
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        running.insert(self.id, now_millis());
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut running = self
+            .calls
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        running.remove(&self.id);
+    }
+}
+
 impl<K: Kv> Engine<K> {
-    pub(crate) fn new(kv: K, max_events: usize) -> Self {
+    pub(crate) fn new(kv: K, max_events: usize, missed: MissedScopes) -> Self {
         Engine {
             quarantined: AtomicU64::new(kv.quarantine_len() as u64),
             kv: RwLock::new(kv),
             health: Mutex::new(Health::default()),
-            busy_since_ms: AtomicU64::new(0),
+            calls: Calls::default(),
+            damaged: AtomicBool::new(false),
+            missed,
             max_events,
             writes: AtomicU64::new(0),
         }
     }
 
-    /// Runs one storage call (commit, flush, compaction) under the stall watch.
-    pub(crate) fn timed<T>(&self, call: impl FnOnce() -> T) -> T {
-        self.busy_since_ms
-            .store(now_millis().max(1), Ordering::Relaxed);
-        let out = call();
-        self.busy_since_ms.store(0, Ordering::Relaxed);
-        out
+    /// Registers a store call for the stall watch ([`Health::busy_for`]) until the guard drops.
+    pub(crate) fn busy(&self) -> Busy<'_> {
+        let id = self.calls.next_id.fetch_add(1, Ordering::Relaxed);
+        let busy = Busy {
+            calls: &self.calls,
+            id,
+        };
+        busy.progress();
+        busy
     }
 
     // A panic while holding the lock cannot leave the keyspace half-written (commits are
@@ -88,27 +137,70 @@ impl<K: Kv> Engine<K> {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         health.quarantined = self.quarantined.load(Ordering::Relaxed);
-        let since = self.busy_since_ms.load(Ordering::Relaxed);
+        health.missed_scopes = self.missed.len() as u64;
+        let oldest = {
+            let running = self
+                .calls
+                .running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            running.values().min().copied()
+        };
         health.busy_for =
-            (since != 0).then(|| Duration::from_millis(now_millis().saturating_sub(since)));
+            oldest.map(|since| Duration::from_millis(now_millis().saturating_sub(since)));
         health
     }
 
-    /// Records the result of anything that touched storage; returns it unchanged.
+    /// Records the result of a write or flush; returns it unchanged.
     pub(crate) fn observe<T>(&self, result: Result<T, CacheError>) -> Result<T, CacheError> {
-        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
         match &result {
             Ok(_) => {
+                let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
                 health.degraded = false;
             }
-            Err(e) if e.is_storage() => {
-                warn!(error = %e, "cache storage failure; cache degraded");
-                health.degraded = true;
-                health.last_error = Some(e.to_string());
-            }
-            Err(_) => {}
+            Err(e) => self.note_failure(e),
         }
         result
+    }
+
+    /// Records a failed call's error (a read's, too: a read that meets damage must make the
+    /// store degraded, and a fresh database is started before the next write). A success of a
+    /// read says nothing about writes and clears nothing.
+    pub(crate) fn note_failure(&self, e: &CacheError) {
+        if !e.is_storage() {
+            return;
+        }
+        if e.is_damage() && !self.damaged.swap(true, Ordering::AcqRel) {
+            warn!(error = %e, "cache damaged; a fresh cache replaces it before the next write");
+        }
+        let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        if !health.degraded {
+            warn!(error = %e, "cache storage failure; cache degraded");
+        }
+        health.degraded = true;
+        health.last_error = Some(e.to_string());
+    }
+
+    /// Whether damage was met since the database was last replaced.
+    pub(crate) fn is_damaged(&self) -> bool {
+        self.damaged.load(Ordering::Acquire)
+    }
+
+    /// The database was replaced by a fresh one or a copy: its damage and quarantine are gone,
+    /// and answers kept from it are let go.
+    pub(crate) fn replaced(&self) {
+        self.damaged.store(false, Ordering::Release);
+        self.quarantined
+            .store(self.read_kv().quarantine_len() as u64, Ordering::Relaxed);
+        self.note_write();
+    }
+
+    pub(crate) fn missed(&self) -> &MissedScopes {
+        &self.missed
+    }
+
+    pub(crate) fn missed_reason(&self, scope: &ScopeId) -> Option<String> {
+        self.missed.reason(scope)
     }
 
     /// Plans a write against the current state and commits it, all under the write lock.
@@ -116,6 +208,7 @@ impl<K: Kv> Engine<K> {
         &self,
         plan: impl FnOnce(&K) -> Result<(WriteBatch, T), CacheError>,
     ) -> Result<T, CacheError> {
+        let _busy = self.busy();
         let mut kv = self.write_kv();
         let (batch, out) = match plan(&kv) {
             Ok(planned) => planned,
@@ -125,7 +218,7 @@ impl<K: Kv> Engine<K> {
         if batch.is_empty() {
             return Ok(out);
         }
-        let result = self.timed(|| kv.commit(batch));
+        let result = kv.commit(batch);
         // Under the write lock, so a reader that notes the number before taking the read lock
         // can only see it move on from what it read.
         self.note_write();
@@ -140,9 +233,13 @@ impl<K: Kv> Engine<K> {
     ) -> Result<T, CacheError> {
         let mut suspects = Vec::new();
         let out = {
+            let _busy = self.busy();
             let kv = self.read_kv();
             op(&kv, &mut suspects)
         };
+        if let Err(e) = &out {
+            self.note_failure(e);
+        }
         if !suspects.is_empty()
             && let Err(e) = self.quarantine(suspects)
         {

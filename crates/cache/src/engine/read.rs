@@ -252,6 +252,7 @@ impl<K: Kv> Engine<K> {
                 resource_version: ResourceVersion::new(&scope.meta.rv),
                 items: Vec::new(),
                 missing: Vec::new(),
+                missed: self.missed_reason(&scope.id),
             };
             for entry in kv.scan(&prefix) {
                 let (member, _) = entry?;
@@ -320,6 +321,9 @@ impl<K: Kv> Engine<K> {
             let Some(scope) = resolve(kv, query, suspects)? else {
                 return Ok(Err(too_old(None)));
             };
+            if let Some(reason) = self.missed_reason(&scope.id) {
+                return Ok(Err(ReplayError::Missed(reason)));
+            }
             let floor = ResourceVersion::new(&scope.meta.log_floor_rv);
             // A corrupt event leaves a hole in the log: nothing can be replayed exactly.
             let Some(log) = read_log(kv, &scope, suspects)? else {

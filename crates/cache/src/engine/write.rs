@@ -7,7 +7,14 @@
 //! - an object is never replaced by an older resourceVersion (both parse and the new one is
 //!   smaller); equal or unparseable versions are accepted;
 //! - a LIST replaces its scope's membership, sets the scope RV to the list RV and resets the
-//!   scope's event log (the events between the old log and the relist are unknown);
+//!   scope's event log (the events between the old log and the relist are unknown); a LIST
+//!   older than the scope (both RVs parse, the list's is smaller: another client's watch of the
+//!   same scope moved it on while this LIST was on its way) is refused whole, since replacing
+//!   would move the scope back in time: members created since would vanish and deleted ones
+//!   return, under a resourceVersion that claims otherwise;
+//! - a watch event older than its scope's RV is superseded and changes nothing: the scope
+//!   already holds its effect or a later one (two clients of one component watching the same
+//!   scope, one behind the other; a late ADDED would bring back what the other saw deleted);
 //! - ADDED/MODIFIED upsert the object and make it a member; DELETED removes the object from
 //!   every scope of its component and drops its pin, unless the cache holds a newer version
 //!   (then only this scope's membership goes);
@@ -324,8 +331,14 @@ impl<K: Kv> Engine<K> {
         self.write(|kv| {
             let mut p = Planner::new(kv, self.max_events());
             let old_meta = p.scope_meta(&id)?;
-            let old_members = p.members(&id)?;
             let mut outcome = ReplaceOutcome::default();
+            if let Some(held) = old_meta.as_ref().map(|m| ResourceVersion::new(&m.rv))
+                && ResourceVersion::new(list_rv).is_older_than(&held)
+            {
+                outcome.refused_older_than = Some(held);
+                return Ok((p.batch, outcome));
+            }
+            let old_members = p.members(&id)?;
             let mut new_members = BTreeSet::new();
             for (i, item) in located.iter().enumerate() {
                 let key = object_key(scope, &item.id);
@@ -524,6 +537,11 @@ fn plan_event<K: Kv>(
         }
         Parsed::Object(item) => item,
     };
+    if let Some(held) = meta.as_ref().map(|m| ResourceVersion::new(&m.rv))
+        && item.id.rv.is_older_than(&held)
+    {
+        return Ok(WriteOutcome::Superseded { scope: held });
+    }
     let key = object_key(scope, &item.id);
     let outcome = match event_type {
         EventType::Deleted => plan_delete(p, &key, &item.id, id, meta.is_some())?,

@@ -147,7 +147,7 @@ impl Tokens {
                     content_type: content_type.unwrap_or(wire::JSON).to_owned(),
                     body: answer,
                 };
-                if self.writer.submit(op) {
+                if self.writer.submit(op).is_some() {
                     "kept"
                 } else {
                     "not_kept"

@@ -59,6 +59,97 @@ pub fn api_version(gvr: &Gvr) -> String {
     }
 }
 
+/// Whether an answer of `kind` in `api_version` is an object of `gvr`, as asked for: its
+/// `apiVersion` is the resource's group/version, and its kind is the one the resource is named
+/// after (kube-apiserver's own plural rule: `Pod`/`pods`, `Endpoints`/`endpoints`,
+/// `NetworkPolicy`/`networkpolicies`, `Ingress`/`ingresses`), or a known exception. An
+/// upstream answer for another object (a `Secret` on a `configmaps` path) is not cached under
+/// the requested key. A custom resource whose plural does not follow the rule is not cached.
+pub fn check_kind(gvr: &Gvr, kind: &str, api_version: &str) -> Result<(), String> {
+    let expected = self::api_version(gvr);
+    if api_version != expected {
+        return Err(format!(
+            "apiVersion {api_version:?} answers a request for {gvr} ({expected})"
+        ));
+    }
+    let irregular = IRREGULAR
+        .iter()
+        .find(|(group, resource, _)| *group == gvr.group && *resource == gvr.resource);
+    let fits = match irregular {
+        Some((_, _, k)) => kind == *k,
+        None => named_after(kind, &gvr.resource),
+    };
+    if !fits {
+        return Err(format!("a {kind} answers a request for {gvr}"));
+    }
+    Ok(())
+}
+
+/// Resources not named after their kind by the plural rule.
+const IRREGULAR: &[(&str, &str, &str)] = &[
+    ("metrics.k8s.io", "pods", "PodMetrics"),
+    ("metrics.k8s.io", "nodes", "NodeMetrics"),
+];
+
+fn named_after(kind: &str, resource: &str) -> bool {
+    let singular = kind.to_ascii_lowercase();
+    if singular.is_empty() {
+        return false;
+    }
+    let plural = |suffix: &str| resource.strip_suffix(suffix) == Some(singular.as_str());
+    resource == singular
+        || plural("s")
+        || plural("es")
+        || singular
+            .strip_suffix('y')
+            .is_some_and(|stem| resource.strip_suffix("ies") == Some(stem))
+}
+
+/// An object's `kind` and `apiVersion`, read only as far as they go: kube-apiserver writes
+/// both first, so a watch event's object is read about 40 bytes deep, not to its end.
+pub fn type_meta(object: &[u8]) -> Option<(String, String)> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    #[derive(Default)]
+    struct Found {
+        kind: Option<String>,
+        api_version: Option<String>,
+    }
+
+    /// Records both, then stops the read with an error: serde has no early return.
+    struct Keys<'a>(&'a mut Found);
+
+    impl<'de> Visitor<'de> for Keys<'_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+            while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                match key.as_ref() {
+                    "kind" => self.0.kind = Some(map.next_value()?),
+                    "apiVersion" => self.0.api_version = Some(map.next_value()?),
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                }
+                if self.0.kind.is_some() && self.0.api_version.is_some() {
+                    return Err(serde::de::Error::custom("decided"));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let mut found = Found::default();
+    let mut de = serde_json::Deserializer::from_slice(object);
+    let _ = de.deserialize_map(Keys(&mut found));
+    Some((found.kind?, found.api_version?))
+}
+
 /// The document name under which a resource's kind is kept.
 pub fn document_name(gvr: &Gvr) -> String {
     format!("kinds/{gvr}")
@@ -229,6 +320,63 @@ mod tests {
             with_type_meta(b"not json", &pod_head(), KindCheck::UpToMetadata),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn an_answer_must_be_an_object_of_the_resource_asked_for() {
+        let core = |r: &str| Gvr::new("", "v1", r);
+        for (resource, kind) in [
+            ("pods", "Pod"),
+            ("configmaps", "ConfigMap"),
+            ("endpoints", "Endpoints"),
+            ("services", "Service"),
+            ("componentstatuses", "ComponentStatus"),
+        ] {
+            assert_eq!(check_kind(&core(resource), kind, "v1"), Ok(()), "{kind}");
+        }
+        let grouped = [
+            ("networking.k8s.io", "networkpolicies", "NetworkPolicy"),
+            ("networking.k8s.io", "ingresses", "Ingress"),
+            ("networking.k8s.io", "ingressclasses", "IngressClass"),
+            (
+                "storage.k8s.io",
+                "csistoragecapacities",
+                "CSIStorageCapacity",
+            ),
+            ("apps.openyurt.io", "nodepools", "NodePool"),
+            ("metrics.k8s.io", "pods", "PodMetrics"),
+            ("x.io", "widgets", "Widget"),
+        ];
+        for (group, resource, kind) in grouped {
+            let gvr = Gvr::new(group, "v1", resource);
+            assert_eq!(check_kind(&gvr, kind, &format!("{group}/v1")), Ok(()));
+        }
+        let err = check_kind(&core("configmaps"), "Secret", "v1").unwrap_err();
+        assert!(err.contains("Secret"), "{err}");
+        assert!(check_kind(&core("pods"), "Pod", "apps/v1").is_err());
+        assert!(check_kind(&Gvr::new("apps", "v1", "deployments"), "Deployment", "v1").is_err());
+        assert!(check_kind(&core("pods"), "", "v1").is_err());
+        assert!(check_kind(&core("pods"), "Status", "v1").is_err());
+        assert!(
+            check_kind(
+                &Gvr::new("metrics.k8s.io", "v1beta1", "pods"),
+                "Pod",
+                "metrics.k8s.io/v1beta1"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn type_meta_is_read_in_any_order() {
+        let first = br#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p"}}"#;
+        let last =
+            br#"{"metadata":{"name":"p","labels":{"kind":"x"}},"apiVersion":"v1","kind":"Pod"}"#;
+        for object in [&first[..], &last[..]] {
+            assert_eq!(type_meta(object), Some(("Pod".into(), "v1".into())));
+        }
+        assert_eq!(type_meta(br#"{"metadata":{}}"#), None);
+        assert_eq!(type_meta(b"not json"), None);
     }
 
     #[test]

@@ -188,6 +188,7 @@ mod tests {
                 resource_version: outpost_cache::ResourceVersion::new("1"),
                 items: vec![object],
                 missing: Vec::new(),
+                missed: None,
             };
             Arc::new(Listed::new(
                 list,

@@ -44,6 +44,9 @@ use writer::CacheOp;
 /// the bound only matters when the writer is stuck.
 const CATCH_UP: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How long a stopping hub waits for the store's final flush.
+pub const FINAL_FLUSH_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The edge cache as the pipeline sees it.
 pub struct Edge {
     store: Arc<dyn Store>,
@@ -60,15 +63,18 @@ pub struct Edge {
 }
 
 impl Edge {
-    /// Starts the writer thread over `store` (`volatile`: see [`Writer::start`]).
+    /// Starts the writer thread over `store` (`volatile`, `max_object_bytes`: see
+    /// [`Writer::start_with`]).
     pub fn new(
         store: Arc<dyn Store>,
         policy: CachePolicy,
         health: Arc<ServerStates>,
         metrics: Metrics,
         volatile: bool,
+        max_object_bytes: usize,
     ) -> std::io::Result<Edge> {
-        let writer = Writer::start(store.clone(), metrics.clone(), volatile)?;
+        let writer =
+            Writer::start_with(store.clone(), metrics.clone(), volatile, max_object_bytes)?;
         Ok(Edge {
             health,
             store,
@@ -91,9 +97,11 @@ impl Edge {
         &self.store
     }
 
-    /// Applies the cache writes still queued (at most `within`) and flushes the store: what a
-    /// stopping hub passed on just before the stop (a relist, the last watch events) must be in
-    /// the cache when the node restarts without the cloud.
+    /// Applies the cache writes still queued (at most `within`) and flushes the store (at most
+    /// [`FINAL_FLUSH_WITHIN`]): what a stopping hub passed on just before the stop (a relist,
+    /// the last watch events) must be in the cache when the node restarts without the cloud.
+    /// Both are bounded: a stuck store must not keep the hub from stopping within its grace
+    /// period.
     pub async fn finish_writes(&self, within: std::time::Duration) {
         if !self.writer.caught_up(within).await {
             warn!(
@@ -102,8 +110,15 @@ impl Edge {
             );
         }
         let store = self.store.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush()).await {
-            warn!(error = %e, "final cache flush failed");
+        let flush = tokio::task::spawn_blocking(move || store.flush());
+        match tokio::time::timeout(FINAL_FLUSH_WITHIN, flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "final cache flush failed"),
+            Ok(Err(e)) => warn!(error = %e, "final cache flush failed"),
+            Err(_) => warn!(
+                waited_s = FINAL_FLUSH_WITHIN.as_secs(),
+                "final cache flush did not finish; stopping without it (every write was flushed when it was made)"
+            ),
         }
     }
 
@@ -152,7 +167,8 @@ impl Edge {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             if let CachePlan::Object { key } = plan {
-                self.writer.submit(CacheOp::Gone { key: key.clone() });
+                // A full queue leaves the stale object; nothing else to do about it here.
+                let _ = self.writer.submit(CacheOp::Gone { key: key.clone() });
             }
             return resp;
         }

@@ -27,16 +27,35 @@ use super::overlay::Overlay;
 use crate::body::{self, ProxyBody};
 use crate::error::ProxyError;
 
-/// Runs a blocking store call off the async workers.
+/// How long an offline answer waits for a store call: far longer than any healthy read (an
+/// offline LIST of a node's pods takes milliseconds), and short of a client's patience. A store
+/// stuck longer (a deadlocked sled) is answered 503 here, and fails `/v1/healthz` after
+/// `admin::CACHE_HUNG_AFTER`, so the hub is restarted.
+pub const STORE_CALL_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs a blocking store call off the async workers, for at most [`STORE_CALL_WITHIN`].
 pub async fn blocking<T: Send + 'static>(
     store: &Arc<dyn Store>,
     call: impl FnOnce(&dyn Store) -> Result<T, outpost_cache::CacheError> + Send + 'static,
 ) -> Result<T, ProxyError> {
     let store = store.clone();
-    tokio::task::spawn_blocking(move || call(store.as_ref()))
-        .await
-        .map_err(|e| ProxyError::Cache(format!("cache task failed: {e}")))?
-        .map_err(|e| ProxyError::Cache(e.to_string()))
+    let task = tokio::task::spawn_blocking(move || call(store.as_ref()));
+    match tokio::time::timeout(STORE_CALL_WITHIN, task).await {
+        Err(_) => Err(ProxyError::Cache(format!(
+            "the cache did not answer within {STORE_CALL_WITHIN:?} (a store call is stuck)"
+        ))),
+        Ok(Err(e)) => Err(ProxyError::Cache(format!("cache task failed: {e}"))),
+        Ok(Ok(result)) => result.map_err(|e| ProxyError::Cache(e.to_string())),
+    }
+}
+
+/// The answer for a scope that missed watch events (see `outpost_cache::Store::mark_missed`):
+/// what it holds may lack what was created or still hold what was deleted since.
+pub fn missed_events(scope: &Scope, reason: &str) -> ProxyError {
+    ProxyError::Offline(format!(
+        "the cached {} of {} missed watch events ({reason}); it is served again once a LIST from the cloud replaces it",
+        scope.gvr, scope.component
+    ))
 }
 
 /// A complete JSON response marked as served by the cache.
@@ -217,6 +236,9 @@ pub async fn covered_list(
             scope.gvr, scope.component
         )));
     };
+    if let Some(reason) = &result.missed {
+        return Err(missed_events(&scope, reason));
+    }
     if !result.missing.is_empty() {
         return Err(ProxyError::Offline(format!(
             "the cached {} list is incomplete ({} corrupt entries quarantined); it will be refetched when the cloud is back",
@@ -489,6 +511,7 @@ mod tests {
             resource_version: ResourceVersion::new("42"),
             items: (0..n).map(|i| object("d", &format!("p{i:02}"))).collect(),
             missing: Vec::new(),
+            missed: None,
         }
     }
 

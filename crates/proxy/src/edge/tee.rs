@@ -1,11 +1,30 @@
 //! Copies a response body into the cache while it streams to the client.
 //!
-//! The client always gets every frame as it arrives; the tee only keeps a copy. A whole body (GET,
-//! LIST, discovery) is queued when it has ended cleanly; a watch stream is cut into lines and each
+//! The client gets every frame as it arrives; the tee keeps a copy. A whole body (GET, LIST,
+//! discovery) is queued when it has ended cleanly; a watch stream is cut into lines and each
 //! complete event is queued at once, except a streaming list's initial events (below). A body
-//! that fails mid-way, grows past [`MAX_BODY`], or meets a full writer queue is abandoned:
-//! nothing more of it is cached (a truncated list never replaces a scope; a watch with a gap
-//! leaves the scope at its last applied resourceVersion, and the next relist repairs it).
+//! that fails mid-way, grows past its limit, or meets a full writer queue is abandoned: nothing
+//! more of it is cached (a truncated list never replaces a scope). The copy stops as soon as a
+//! limit is passed, so an oversized answer never sits in memory whole: a GET's body may be
+//! [`Writer::max_object_bytes`] (`--cache-max-object-bytes`), a watch line that much plus its
+//! envelope, a LIST or discovery document [`MAX_BODY`]. A LIST with one item over the object
+//! limit is not cached either (the writer checks; a scope must never silently lack an item).
+//!
+//! # Scopes that missed events
+//! When a watch (or a LIST, whose watch would then apply onto an older scope) is abandoned for
+//! a full queue or a size limit, the client got what the cache will never hold: the scope is
+//! marked ([`Writer::mark_missed`]) and answered 503 offline until a later LIST replaces it.
+//!
+//! # Durable before forwarded
+//! A frame that carries an `ADDED` or `DELETED` event is held back until the writer has applied
+//! (and, with the daemon's store, flushed) the events it carries: after a crash the cache never
+//! lists a pod the client saw deleted, nor lacks one the client saw created and started
+//! (kubelet kills a pod missing from its list). `MODIFIED` events are not waited for: a version
+//! behind is harmless there, and they are the high-rate ones (leases, status updates). The wait
+//! is bounded by [`DURABLE_WITHIN`]: a stuck disk must not stall a watch; the frame then goes on
+//! and the scope is marked as having missed events. The frame that ends a streaming list waits
+//! the same way for the list's replacement of the scope. What this costs per event is measured
+//! in `benches/edge.rs` (`deleted_event_delivery`).
 //!
 //! A watch that may open with a streaming list (`sendInitialEvents`, see
 //! [`super::CachePlan::Watch`]) holds its leading `ADDED` events back. When the
@@ -14,19 +33,30 @@
 //! meanwhile leaves the cache. Any other line first means no list is being streamed, and the held
 //! events go on as ordinary ones.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use outpost_cache::{ObjectKey, Scope};
 use outpost_filter::LineFramer;
 
-use super::writer::{CacheOp, Chunks, Writer};
+use super::writer::{CacheOp, Chunks, Missed, Ticket, Writer};
 use crate::body::{BoxError, ProxyBody};
 
-/// Larger bodies are proxied but not cached (a 1,000-Service list is ~1 MB).
+/// Larger LIST and discovery bodies are proxied but not cached (a 1,000-Service list is ~1 MB).
 pub const MAX_BODY: usize = 64 << 20;
+
+/// How long a frame carrying `ADDED` or `DELETED` waits for the cache to have them (see
+/// "Durable before forwarded"): well above a flushed write on an SD card, or a relist queued
+/// ahead of it.
+pub const DURABLE_WITHIN: Duration = Duration::from_secs(3);
+
+/// What a watch line adds around its object: `{"type":"MODIFIED","object":` and `}`.
+const EVENT_ENVELOPE: usize = 64;
 
 /// Where the collected bytes go.
 #[derive(Debug, Clone)]
@@ -35,6 +65,24 @@ pub enum Sink {
     List(Scope),
     Watch { scope: Scope, initial_events: bool },
     Document { name: String, content_type: String },
+}
+
+impl Sink {
+    fn scope(&self) -> Option<&Scope> {
+        match self {
+            Sink::List(scope) | Sink::Watch { scope, .. } => Some(scope),
+            Sink::Object(_) | Sink::Document { .. } => None,
+        }
+    }
+
+    fn label(&self) -> &'static str {
+        match self {
+            Sink::Object(_) => "object",
+            Sink::List(_) => "list",
+            Sink::Watch { .. } => "event",
+            Sink::Document { .. } => "document",
+        }
+    }
 }
 
 /// A response body that streams through while a copy is collected for the cache.
@@ -50,6 +98,40 @@ pub struct TeeBody {
     initial: Option<Chunks>,
     /// Set once the copy is given up or handed over; later frames only pass through.
     done: bool,
+    /// A frame held back until the cache has what it carries.
+    held: Option<Held>,
+}
+
+/// A frame and the wait for its events to be stored. The wait is behind a mutex only to make
+/// the body `Sync` (hyper's boxed bodies are); it is only ever used through `&mut`.
+struct Held {
+    frame: Frame<Bytes>,
+    stored: Mutex<Pin<Box<dyn Future<Output = Stored> + Send>>>,
+}
+
+enum Stored {
+    Yes,
+    /// Not within [`DURABLE_WITHIN`].
+    Late,
+    /// The writer is gone (the hub is stopping): nothing more will be stored.
+    WriterGone,
+}
+
+impl Held {
+    fn new(frame: Frame<Bytes>, writer: &Writer, ticket: Ticket) -> Held {
+        let durable = writer.durable(ticket);
+        let stored = async move {
+            match tokio::time::timeout(DURABLE_WITHIN, durable).await {
+                Ok(true) => Stored::Yes,
+                Ok(false) => Stored::WriterGone,
+                Err(_) => Stored::Late,
+            }
+        };
+        Held {
+            frame,
+            stored: Mutex::new(Box::pin(stored)),
+        }
+    }
 }
 
 impl TeeBody {
@@ -70,46 +152,87 @@ impl TeeBody {
             whole: Chunks::default(),
             framer: LineFramer::new(),
             done: false,
+            held: None,
         }
     }
 
-    fn collect(&mut self, data: &Bytes) {
+    /// Takes a copy of `data`; the ticket of what the frame must wait for, if anything.
+    fn collect(&mut self, data: &Bytes) -> Option<Ticket> {
         if self.done {
-            return;
+            return None;
         }
-        let held = self.initial.as_ref().map_or(0, Chunks::byte_len);
-        if self.whole.byte_len() + held + self.framer.buffered() + data.len() > MAX_BODY {
-            self.abandon();
-            return;
-        }
-        let Sink::Watch { scope, .. } = &self.sink else {
-            self.whole.push(data.clone());
-            return;
+        let limit = match &self.sink {
+            Sink::Object(_) => self.writer.max_object_bytes(),
+            Sink::List(_) | Sink::Document { .. } => MAX_BODY,
+            Sink::Watch { .. } => return self.collect_lines(data),
         };
-        // A watch goes to the writer as the lines each chunk completes: one queued operation
-        // per chunk. Each line is copied out on its own: a slice would pin the connection's
-        // whole read buffer until the writer got to it, and hyper would allocate (and fault in)
-        // a fresh buffer for every read meanwhile, which costs more than copying the line.
+        if self.whole.byte_len() + data.len() > limit {
+            self.abandon(Some(Missed::TooLarge));
+            return None;
+        }
+        self.whole.push(data.clone());
+        None
+    }
+
+    /// A watch goes to the writer as the lines each chunk completes: one queued operation per
+    /// chunk. Each line is copied out on its own: a slice would pin the connection's whole
+    /// read buffer until the writer got to it, and hyper would allocate (and fault in) a fresh
+    /// buffer for every read meanwhile, which costs more than copying the line.
+    fn collect_lines(&mut self, data: &Bytes) -> Option<Ticket> {
+        let Some(scope) = self.sink.scope().cloned() else {
+            return None;
+        };
+        let line_limit = self.writer.max_object_bytes() + EVENT_ENVELOPE;
         self.framer.push(data.clone());
-        let lines: Vec<Bytes> = std::iter::from_fn(|| self.framer.next_line())
-            .filter(|line| !line.trim_ascii().is_empty())
-            .map(|line| Bytes::copy_from_slice(&line))
-            .collect();
-        if lines.is_empty() {
-            return;
-        }
-        let Some(lines) = hold_initial(&mut self.initial, &self.writer, scope, lines) else {
-            self.abandon();
-            return;
-        };
-        if !lines.is_empty() {
-            let op = CacheOp::Events {
-                scope: scope.clone(),
-                lines,
-            };
-            if !self.writer.submit(op) {
-                self.abandon();
+        let mut lines = Vec::new();
+        while let Some(line) = self.framer.next_line() {
+            if line.trim_ascii().is_empty() {
+                continue;
             }
+            if line.len() > line_limit {
+                self.abandon(Some(Missed::TooLarge));
+                return None;
+            }
+            lines.push(Bytes::copy_from_slice(&line));
+        }
+        if self.framer.buffered() > line_limit {
+            self.abandon(Some(Missed::TooLarge));
+            return None;
+        }
+        if lines.is_empty() {
+            return None;
+        }
+        let Some((lines, initial_ticket)) =
+            hold_initial(&mut self.initial, &self.writer, &scope, lines)
+        else {
+            self.abandon(Some(Missed::QueueFull));
+            return None;
+        };
+        if self
+            .initial
+            .as_ref()
+            .is_some_and(|i| i.byte_len() > MAX_BODY)
+        {
+            self.abandon(Some(Missed::TooLarge));
+            return None;
+        }
+        if lines.is_empty() {
+            return initial_ticket;
+        }
+        let awaited = lines.iter().any(|line| must_be_durable(line));
+        let op = CacheOp::Events { scope, lines };
+        let submitted = match awaited {
+            true => self.writer.submit_awaited(op),
+            false => self.writer.submit(op),
+        };
+        match submitted {
+            None => {
+                self.abandon(Some(Missed::QueueFull));
+                None
+            }
+            // Tickets grow with the queue: waiting for the later one waits for both.
+            Some(ticket) if awaited => Some(ticket),
+            Some(_) => initial_ticket,
         }
     }
 
@@ -136,28 +259,52 @@ impl TeeBody {
                 CacheOp::Events { scope, lines }
             }
         };
-        self.writer.submit(op);
+        if self.writer.submit(op).is_none() {
+            self.note_missed(Missed::QueueFull);
+        }
     }
 
-    fn abandon(&mut self) {
+    /// Gives the copy up; `why`, when the client got (or gets) what the cache will not hold.
+    fn abandon(&mut self, why: Option<Missed>) {
         self.done = true;
         self.whole = Chunks::default();
         self.framer = LineFramer::new();
         self.initial = None;
+        if let Some(why) = why {
+            if why == Missed::TooLarge {
+                self.writer.note_too_large(self.sink.label());
+            }
+            self.note_missed(why);
+        }
+    }
+
+    /// A LIST or watch the cache could not keep: its scope missed events.
+    fn note_missed(&self, why: Missed) {
+        if let Some(scope) = self.sink.scope() {
+            self.writer.mark_missed(scope, why);
+        }
     }
 }
 
+/// Whether a watch line is an `ADDED` or `DELETED` event (see "Durable before forwarded"), read
+/// off its first bytes as kube-apiserver writes them; an event written otherwise is not waited
+/// for.
+fn must_be_durable(line: &[u8]) -> bool {
+    line.starts_with(br#"{"type":"ADDED","#) || line.starts_with(br#"{"type":"DELETED","#)
+}
+
 /// Takes the lines a streaming list's initial events may still need into `initial`, and queues
-/// them once the marker comes; returns the rest, to be queued as ordinary events (see the module
-/// doc). `None`: the writer's queue was full, and the stream is to be abandoned.
+/// them once the marker comes (with the ticket to wait for); returns the rest, to be queued as
+/// ordinary events (see the module doc). `None`: the writer's queue was full, and the stream is
+/// to be abandoned.
 fn hold_initial(
     initial: &mut Option<Chunks>,
     writer: &Writer,
     scope: &Scope,
     lines: Vec<Bytes>,
-) -> Option<Vec<Bytes>> {
+) -> Option<(Vec<Bytes>, Option<Ticket>)> {
     let Some(held) = initial.as_mut() else {
-        return Some(lines);
+        return Some((lines, None));
     };
     let mut lines = lines.into_iter();
     while let Some(line) = lines.next() {
@@ -169,17 +316,18 @@ fn hold_initial(
                     scope: scope.clone(),
                     lines: initial.take().unwrap_or_default().into_pieces(),
                 };
-                return writer.submit(op).then(|| lines.collect());
+                let ticket = writer.submit_awaited(op)?;
+                return Some((lines.collect(), Some(ticket)));
             }
             InitialLine::Other => {
                 let mut ordinary = initial.take().unwrap_or_default().into_pieces();
                 ordinary.push(line);
                 ordinary.extend(lines);
-                return Some(ordinary);
+                return Some((ordinary, None));
             }
         }
     }
-    Some(Vec::new())
+    Some((Vec::new(), None))
 }
 
 /// What a watch line means for a streaming list, read off its first bytes: kube-apiserver
@@ -238,31 +386,45 @@ impl Body for TeeBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    this.collect(data);
+        loop {
+            if let Some(held) = this.held.as_mut() {
+                let stored = held
+                    .stored
+                    .get_mut()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Stored::Late = ready!(stored.as_mut().poll(cx)) {
+                    this.note_missed(Missed::NotDurable);
                 }
-                // hyper stops polling once a body reports its end, so the last frame may be the
-                // last call we get.
-                if this.inner.is_end_stream() {
+                let frame = this.held.take().map(|h| h.frame);
+                return Poll::Ready(frame.map(Ok));
+            }
+            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let wait = frame.data_ref().and_then(|data| this.collect(data));
+                    // hyper stops polling once a body reports its end, so the last frame may be
+                    // the last call we get.
+                    if this.inner.is_end_stream() {
+                        this.finish();
+                    }
+                    match wait {
+                        None => return Poll::Ready(Some(Ok(frame))),
+                        Some(ticket) => this.held = Some(Held::new(frame, &this.writer, ticket)),
+                    }
+                }
+                Some(Err(e)) => {
+                    this.abandon(None);
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => {
                     this.finish();
+                    return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(e)) => {
-                this.abandon();
-                Poll::Ready(Some(Err(e)))
-            }
-            None => {
-                this.finish();
-                Poll::Ready(None)
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.held.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -337,10 +499,14 @@ mod tests {
         // A marker op queued after the broken body proves the writer got past it.
         let marker = Bytes::from_static(LIST);
         let other = Scope::unfiltered("kube-proxy", &Gvr::new("", "v1", "pods"), None);
-        assert!(writer.submit(CacheOp::List {
-            scope: other.clone(),
-            body: marker.into()
-        }));
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: other.clone(),
+                    body: marker.into()
+                })
+                .is_some()
+        );
         wait_for(|| store.list(&other).unwrap().is_some());
         assert!(store.list(&scope()).unwrap().is_none());
     }
@@ -349,10 +515,14 @@ mod tests {
     async fn watch_events_are_applied_line_by_line() {
         let store = Arc::new(MemStore::new());
         let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
-        assert!(writer.submit(CacheOp::List {
-            scope: scope(),
-            body: Bytes::from_static(LIST).into()
-        }));
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST).into()
+                })
+                .is_some()
+        );
         let event = br#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b","namespace":"d","resourceVersion":"6"}}}
 "#;
         let (x, y) = event.split_at(30);
@@ -403,10 +573,14 @@ mod tests {
     async fn streamed(lines: &[String], initial_events: bool) -> Vec<(String, String)> {
         let store = Arc::new(MemStore::new());
         let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
-        assert!(writer.submit(CacheOp::List {
-            scope: scope(),
-            body: Bytes::from_static(LIST).into()
-        }));
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST).into()
+                })
+                .is_some()
+        );
         let sink = Sink::Watch {
             scope: scope(),
             initial_events,

@@ -185,9 +185,11 @@ async fn replay(
     reported: &mut Reported,
 ) -> Result<Start, ProxyError> {
     let since = from.clone();
-    let replayed = blocking(store, move |s| match s.events_since(&scope, &since) {
+    let query = scope.clone();
+    let replayed = blocking(store, move |s| match s.events_since(&query, &since) {
         Ok(events) => Ok(Ok(events)),
-        Err(ReplayError::TooOld(too_old)) => Ok(Err(too_old)),
+        Err(ReplayError::TooOld(too_old)) => Ok(Err(Err(too_old))),
+        Err(ReplayError::Missed(reason)) => Ok(Err(Ok(reason))),
         Err(ReplayError::Cache(e)) => Err::<_, CacheError>(e),
     })
     .await?;
@@ -202,7 +204,8 @@ async fn replay(
                 .collect(),
             expired: false,
         },
-        Err(too_old) => Start {
+        Err(Ok(missed)) => return Err(offline::missed_events(&scope, &missed)),
+        Err(Err(too_old)) => Start {
             lines: vec![expired_line(&from, &too_old.to_string())],
             resource_version: from,
             expired: true,

@@ -15,17 +15,19 @@
 //! truncated stream, a protobuf body) is counted in `outpost_cache_writes_total{outcome="invalid"}`
 //! and dropped; the client already received it unchanged.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use outpost_cache::{CacheError, EventType, Gvr, ObjectKey, Scope, Store, WriteOutcome};
+use outpost_cache::{
+    CacheError, EventType, Gvr, ObjectKey, ReplaceOutcome, Scope, ScopeId, Store, WriteOutcome,
+};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::kinds::{self, KindCheck, KindInfo, TypeMetaHead};
 use super::offline;
@@ -101,6 +103,19 @@ impl From<Bytes> for Chunks {
 }
 
 impl CacheOp {
+    /// The scope a LIST or watch events belong to.
+    fn scope(&self) -> Option<&Scope> {
+        match self {
+            CacheOp::List { scope, .. }
+            | CacheOp::Events { scope, .. }
+            | CacheOp::InitialEvents { scope, .. } => Some(scope),
+            CacheOp::Object { .. }
+            | CacheOp::Gone { .. }
+            | CacheOp::Document { .. }
+            | CacheOp::Verbatim { .. } => None,
+        }
+    }
+
     fn label(&self) -> &'static str {
         match self {
             CacheOp::Object { .. } => "object",
@@ -119,14 +134,63 @@ impl CacheOp {
 pub struct Writer {
     tx: SyncSender<Queued>,
     metrics: Metrics,
-    progress: Arc<Progress>,
+    shared: Arc<Shared>,
 }
 
-/// Operations handed to the writer and operations it has applied (or given up on).
-#[derive(Debug, Default)]
-struct Progress {
-    queued: AtomicU64,
-    applied: AtomicU64,
+/// What the tees and the writer thread share.
+struct Shared {
+    /// Operations queued so far. Taken with each send, so that tickets follow queue order.
+    queued: Mutex<u64>,
+    /// The ticket of the last operation applied (or given up on); tees wait on it.
+    applied: tokio::sync::watch::Sender<u64>,
+    /// Scopes marked as having missed events, each with the number of operations queued when
+    /// the last mark was made: a LIST queued before that must not clear it.
+    marks: Mutex<HashMap<ScopeId, u64>>,
+    store: Arc<dyn Store>,
+    max_object_bytes: usize,
+}
+
+/// An operation's place in the queue: [`Writer::durable`] waits until it is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
+
+/// Why a scope missed watch events: the reason label of `outpost_cache_missed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// The writer's queue was full.
+    QueueFull,
+    /// An object over `--cache-max-object-bytes`, or a body over [`super::tee::MAX_BODY`].
+    TooLarge,
+    /// The file system was under the free-space floor.
+    NoSpace,
+    /// The store failed the write.
+    WriteFailed,
+    /// An event was passed on before the cache had it (the store took longer than
+    /// [`super::tee::DURABLE_WITHIN`]).
+    NotDurable,
+}
+
+impl Missed {
+    pub fn label(self) -> &'static str {
+        match self {
+            Missed::QueueFull => "queue_full",
+            Missed::TooLarge => "too_large",
+            Missed::NoSpace => "no_space",
+            Missed::WriteFailed => "write_failed",
+            Missed::NotDurable => "not_durable",
+        }
+    }
+
+    /// The reason kept with the mark, worded for the Status a client gets offline.
+    fn reason(self) -> &'static str {
+        match self {
+            Missed::QueueFull => "the cache writer's queue was full",
+            Missed::TooLarge => "an object or list was over the cache's size limit",
+            Missed::NoSpace => "the cache's file system was under its free-space floor",
+            Missed::WriteFailed => "the cache failed to store them",
+            Missed::NotDurable => "the cache took too long to store them",
+        }
+    }
 }
 
 /// Operations queued before tees start dropping: a burst of watch events or a few relists.
@@ -134,7 +198,18 @@ const QUEUE_DEPTH: usize = 4096;
 
 /// A queued operation, boxed: the bounded channel allocates and writes every slot up front,
 /// and 4,096 unboxed operations (≈200 bytes each, mostly the scope) held 0.8 MiB from start-up.
-type Queued = Box<CacheOp>;
+type Queued = Box<Entry>;
+
+#[derive(Debug)]
+struct Entry {
+    op: CacheOp,
+    ticket: u64,
+    /// A tee holds a frame back until this is applied: no group window is waited out for it.
+    awaited: bool,
+}
+
+/// kube-apiserver's limit on a request body: no object it stores is larger.
+pub const DEFAULT_MAX_OBJECT_BYTES: usize = 3 << 20;
 
 impl Writer {
     /// Starts the writer thread over `store`. The thread ends when every `Writer` is dropped.
@@ -145,54 +220,103 @@ impl Writer {
         metrics: Metrics,
         volatile: bool,
     ) -> std::io::Result<Writer> {
-        Self::start_checking_every(store, metrics, volatile, PRIORITY_CHECK)
+        Self::start_with(store, metrics, volatile, DEFAULT_MAX_OBJECT_BYTES)
     }
 
-    /// [`Writer::start`], looking for sled threads to lower every `check_every`.
+    /// [`Writer::start`] with objects over `max_object_bytes` left out of the cache.
+    pub fn start_with(
+        store: Arc<dyn Store>,
+        metrics: Metrics,
+        volatile: bool,
+        max_object_bytes: usize,
+    ) -> std::io::Result<Writer> {
+        Self::start_checking_every(store, metrics, volatile, max_object_bytes, PRIORITY_CHECK)
+    }
+
+    /// [`Writer::start_with`], looking for sled threads to lower every `check_every`.
     fn start_checking_every(
         store: Arc<dyn Store>,
         metrics: Metrics,
         volatile: bool,
+        max_object_bytes: usize,
         check_every: Duration,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
-        let thread_metrics = metrics.clone();
-        thread_metrics.cache_degraded.set(i64::from(volatile));
-        let progress = Arc::new(Progress::default());
-        let applied = progress.clone();
+        metrics.cache_degraded.set(i64::from(volatile));
+        let shared = Arc::new(Shared {
+            queued: Mutex::new(0),
+            applied: tokio::sync::watch::Sender::new(0),
+            marks: Mutex::default(),
+            store,
+            max_object_bytes,
+        });
+        let writer = Writer {
+            tx,
+            metrics,
+            shared,
+        };
+        let thread_writer = writer.clone();
         std::thread::Builder::new()
             .name("outpost-cache-writer".into())
             .spawn(move || {
                 let mut priority = Priority::lower(check_every);
-                run(
-                    store.as_ref(),
-                    &rx,
-                    &thread_metrics,
-                    volatile,
-                    &applied,
-                    &mut priority,
-                )
+                // The thread must not keep its own queue open: it ends when the tees' and the
+                // hub's writers are gone.
+                let Writer {
+                    metrics, shared, ..
+                } = thread_writer;
+                run(&shared, &rx, &metrics, volatile, &mut priority)
             })?;
-        Ok(Writer {
-            tx,
-            metrics,
-            progress,
-        })
+        Ok(writer)
     }
 
-    /// Queues `op`; `false` when the queue is full or the writer is gone (the op is dropped).
-    pub fn submit(&self, op: CacheOp) -> bool {
+    /// Objects larger than this are proxied but not cached.
+    pub fn max_object_bytes(&self) -> usize {
+        self.shared.max_object_bytes
+    }
+
+    /// Queues `op`; `None` when the queue is full or the writer is gone (the op is dropped).
+    pub fn submit(&self, op: CacheOp) -> Option<Ticket> {
+        self.send(op, false)
+    }
+
+    /// [`Writer::submit`] for an operation a tee will wait for ([`Writer::durable`]): the
+    /// writer applies it without waiting for more events to group with it.
+    pub fn submit_awaited(&self, op: CacheOp) -> Option<Ticket> {
+        self.send(op, true)
+    }
+
+    fn send(&self, op: CacheOp, awaited: bool) -> Option<Ticket> {
         let label = op.label();
-        match self.tx.try_send(Box::new(op)) {
+        let mut queued = self
+            .shared
+            .queued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let ticket = *queued + 1;
+        let entry = Box::new(Entry {
+            op,
+            ticket,
+            awaited,
+        });
+        match self.tx.try_send(entry) {
             Ok(()) => {
-                self.progress.queued.fetch_add(1, Ordering::AcqRel);
-                true
+                *queued = ticket;
+                Some(Ticket(ticket))
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.cache_dropped.with_label_values(&[label]).inc();
-                false
+                None
             }
         }
+    }
+
+    /// Resolves once the operation of `ticket` is applied (and so, with the daemon's store,
+    /// flushed to disk): `true`, or `false` when the writer is gone. No polling: the writer
+    /// wakes it.
+    pub fn durable(&self, ticket: Ticket) -> impl Future<Output = bool> + Send + 'static {
+        let mut applied = self.shared.applied.subscribe();
+        async move { applied.wait_for(|a| *a >= ticket.0).await.is_ok() }
     }
 
     /// Waits, at most `within`, until every operation queued before the call is applied.
@@ -200,15 +324,83 @@ impl Writer {
     /// just before the cloud went away. `false`: the writer is still behind (a long relist, a
     /// stuck disk); the caller answers from the cache as it is.
     pub async fn caught_up(&self, within: Duration) -> bool {
-        let target = self.progress.queued.load(Ordering::Acquire);
-        let deadline = tokio::time::Instant::now() + within;
-        while self.progress.applied.load(Ordering::Acquire) < target {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let target = *self
+            .shared
+            .queued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut applied = self.shared.applied.subscribe();
+        let caught_up = applied.wait_for(|a| *a >= target);
+        matches!(tokio::time::timeout(within, caught_up).await, Ok(Ok(_)))
+    }
+
+    /// Marks `scope` as having missed watch events, for good (until a LIST queued after this
+    /// call replaces it): its offline answers are 503 meanwhile. The mark is written to disk on
+    /// the blocking pool (this is called from a tee, on an async worker), or right here when
+    /// there is no runtime.
+    pub fn mark_missed(&self, scope: &Scope, why: Missed) {
+        let since = *self
+            .shared
+            .queued
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let shared = self.shared.clone();
+        let metrics = self.metrics.clone();
+        let id = scope.id();
+        let mark = move || shared.mark(&metrics, &id, since, why);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(mark)),
+            Err(_) => mark(),
         }
-        true
+    }
+
+    /// Counts a response the cache left out because it was too large.
+    pub fn note_too_large(&self, op: &'static str) {
+        self.metrics
+            .cache_writes
+            .with_label_values(&[op, "too_large"])
+            .inc();
+    }
+}
+
+impl Shared {
+    /// Records a mark made when `since` operations were queued (see [`Writer::mark_missed`]).
+    fn mark(&self, metrics: &Metrics, scope: &ScopeId, since: u64, why: Missed) {
+        metrics.cache_missed.with_label_values(&[why.label()]).inc();
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = marks.entry(scope.clone()).or_default();
+        *at = (*at).max(since);
+        match self.store.mark_missed(scope, why.reason()) {
+            Ok(true) => {
+                warn!(scope = %scope, reason = why.label(), "cached scope missed watch events; served offline as 503 until relisted")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(scope = %scope, error = %e, "cannot record that a cached scope missed watch events")
+            }
+        }
+        metrics
+            .cache_missed_scopes
+            .set(self.store.health().missed_scopes as i64);
+    }
+
+    /// A LIST of `ticket` replaced `scope`: clears its mark unless a newer one was made since.
+    fn relisted(&self, metrics: &Metrics, scope: &ScopeId, ticket: u64) {
+        let mut marks = self.marks.lock().unwrap_or_else(PoisonError::into_inner);
+        if marks.get(scope).is_some_and(|since| *since >= ticket) {
+            return;
+        }
+        marks.remove(scope);
+        match self.store.clear_missed(scope) {
+            Ok(true) => info!(scope = %scope, "cached scope relisted; served offline again"),
+            Ok(false) => {}
+            Err(e) => {
+                warn!(scope = %scope, error = %e, "cannot clear a cached scope's missed-events mark")
+            }
+        }
+        metrics
+            .cache_missed_scopes
+            .set(self.store.health().missed_scopes as i64);
     }
 }
 
@@ -293,43 +485,82 @@ fn threads_named(prefixes: &[&str]) -> Vec<i32> {
 }
 
 fn run(
-    store: &dyn Store,
+    shared: &Shared,
     rx: &Receiver<Queued>,
     metrics: &Metrics,
     volatile: bool,
-    progress: &Progress,
     priority: &mut Priority,
 ) {
+    let store = shared.store.as_ref();
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
-    let mut next = None;
+    let mut next: Option<Entry> = None;
     loop {
         priority.check();
-        let mut op = match next.take() {
-            Some(op) => op,
+        let mut entry = match next.take() {
+            Some(entry) => entry,
             None => match rx.recv_timeout(priority.check_every) {
-                Ok(op) => *op,
+                Ok(entry) => *entry,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => break,
             },
         };
-        let mut ops = 1;
-        if let CacheOp::Events { scope, lines } = &mut op {
-            let gathered = gather_events(rx, scope, std::mem::take(lines), GROUP_WINDOW);
+        if let CacheOp::Events { scope, lines } = &mut entry.op {
+            let window = if entry.awaited {
+                Duration::ZERO
+            } else {
+                GROUP_WINDOW
+            };
+            let gathered = gather_events(rx, scope, std::mem::take(lines), window);
             *lines = gathered.lines;
-            ops += gathered.more_ops;
+            entry.ticket = gathered.last_ticket.unwrap_or(entry.ticket);
             next = gathered.next;
         }
+        let Entry { op, ticket, .. } = entry;
         let label = op.label();
-        for outcome in apply(store, op, &mut known_kinds) {
+        let scope = op.scope().cloned();
+        let outcomes = apply(store, op, &mut known_kinds, shared.max_object_bytes);
+        if let Some(scope) = &scope {
+            after_scope_op(shared, metrics, label, scope, ticket, &outcomes);
+        }
+        for outcome in outcomes {
             record(metrics, label, outcome);
         }
-        progress.applied.fetch_add(ops, Ordering::AcqRel);
+        shared.applied.send_replace(ticket);
         metrics
             .cache_degraded
             .set(i64::from(volatile || store.health().degraded));
     }
     if let Err(e) = store.flush() {
         warn!(error = %e, "final cache flush failed");
+    }
+}
+
+/// What a LIST or watch events did to their scope's missed-events mark: a LIST that replaced
+/// the scope clears it; events or a LIST that could not be stored set it (what the client got
+/// is not in the cache).
+fn after_scope_op(
+    shared: &Shared,
+    metrics: &Metrics,
+    label: &'static str,
+    scope: &Scope,
+    ticket: u64,
+    outcomes: &[Applied],
+) {
+    let missed = outcomes.iter().find_map(|o| match o {
+        Err(ApplyError::Store(CacheError::LowSpace { .. })) => Some(Missed::NoSpace),
+        Err(ApplyError::Store(_)) => Some(Missed::WriteFailed),
+        Err(ApplyError::Unstored(why)) => Some(*why),
+        Err(ApplyError::TooLarge(_)) => Some(Missed::TooLarge),
+        _ => None,
+    });
+    if let Some(why) = missed {
+        let since = *shared.queued.lock().unwrap_or_else(PoisonError::into_inner);
+        shared.mark(metrics, &scope.id(), since, why);
+        return;
+    }
+    let relisted = label != "event" && matches!(outcomes, [Ok("replaced")]);
+    if relisted {
+        shared.relisted(metrics, &scope.id(), ticket);
     }
 }
 
@@ -340,10 +571,28 @@ fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
             debug!(op = label, reason, "response not cached");
             "invalid"
         }
+        Err(ApplyError::Mismatch(reason)) => {
+            warn!(
+                op = label,
+                reason, "upstream answer is not what was asked for; not cached"
+            );
+            "mismatch"
+        }
+        Err(ApplyError::TooLarge(reason)) => {
+            debug!(op = label, reason, "response not cached");
+            "too_large"
+        }
+        Err(ApplyError::Store(e @ CacheError::LowSpace { .. })) => {
+            // The store logs the floor once when it is crossed.
+            debug!(op = label, error = %e, "cache write refused");
+            "no_space"
+        }
         Err(ApplyError::Store(e)) => {
             warn!(op = label, error = %e, "cache write failed");
-            "error"
+            if e.is_damage() { "damaged" } else { "error" }
         }
+        Err(ApplyError::Unstored(Missed::NoSpace)) => "no_space",
+        Err(ApplyError::Unstored(_)) => "error",
     };
     metrics
         .cache_writes
@@ -368,48 +617,62 @@ const GROUP_WINDOW: Duration = Duration::from_millis(2);
 /// What [`gather_events`] took off the queue.
 struct Gathered {
     lines: Vec<Bytes>,
-    /// Queued operations merged into `lines` besides the first.
-    more_ops: u64,
+    /// The ticket of the last operation merged into `lines`, if any besides the first.
+    last_ticket: Option<u64>,
     /// The first other operation taken off the queue, to be applied next.
-    next: Option<CacheOp>,
+    next: Option<Entry>,
 }
 
 /// `first` and the lines of the same scope's events queued behind it, up to a group's worth or
-/// until `window` ([`GROUP_WINDOW`]) has passed since `first` was taken. The first other
-/// operation taken off the queue ends the group and comes back, to be applied next, so the
-/// order is kept.
+/// until `window` ([`GROUP_WINDOW`]) has passed since `first` was taken (at once, for events a
+/// tee waits for). The first other operation taken off the queue ends the group and comes
+/// back, to be applied next, so the order is kept.
 fn gather_events(
     rx: &Receiver<Queued>,
     scope: &Scope,
     first: Vec<Bytes>,
     window: Duration,
 ) -> Gathered {
-    let deadline = Instant::now() + window;
+    let mut deadline = Instant::now() + window;
     let mut lines = first;
     let mut bytes: usize = lines.iter().map(Bytes::len).sum();
-    let mut more_ops = 0;
+    let mut last_ticket = None;
     let mut next = None;
     while lines.len() < GROUP_MAX_EVENTS && bytes < GROUP_MAX_BYTES {
         let wait = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(wait).map(|op| *op) {
-            Ok(CacheOp::Events {
-                scope: s,
-                lines: more,
-            }) if s == *scope => {
+        let entry = match wait.is_zero() {
+            true => rx.try_recv().ok(),
+            false => rx.recv_timeout(wait).ok(),
+        };
+        let Some(entry) = entry.map(|e| *e) else {
+            break;
+        };
+        match entry {
+            Entry {
+                op:
+                    CacheOp::Events {
+                        scope: s,
+                        lines: more,
+                    },
+                ticket,
+                awaited,
+            } if s == *scope => {
                 bytes += more.iter().map(Bytes::len).sum::<usize>();
                 lines.extend(more);
-                more_ops += 1;
+                last_ticket = Some(ticket);
+                if awaited {
+                    deadline = Instant::now();
+                }
             }
-            Ok(other) => {
+            other => {
                 next = Some(other);
                 break;
             }
-            Err(_) => break,
         }
     }
     Gathered {
         lines,
-        more_ops,
+        last_ticket,
         next,
     }
 }
@@ -438,7 +701,14 @@ fn groups(lines: &[Bytes]) -> Vec<&[Bytes]> {
 enum ApplyError {
     /// The bytes are not what the cache stores; nothing was written.
     Invalid(String),
+    /// The upstream answered with another object than the one asked for (another kind, name
+    /// or namespace); nothing was written.
+    Mismatch(String),
+    /// An object over the size limit; nothing was written.
+    TooLarge(String),
     Store(CacheError),
+    /// One event of a group the store failed as a whole (logged once, for the group).
+    Unstored(Missed),
 }
 
 impl From<CacheError> for ApplyError {
@@ -453,7 +723,12 @@ impl From<CacheError> for ApplyError {
 type Applied = Result<&'static str, ApplyError>;
 
 /// One outcome per object the operation carried (one, or one per watch line).
-fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> Vec<Applied> {
+fn apply(
+    store: &dyn Store,
+    op: CacheOp,
+    kinds: &mut HashMap<Gvr, KindInfo>,
+    max_object: usize,
+) -> Vec<Applied> {
     let applied = match op {
         CacheOp::Object { key, body } => {
             apply_object(store, &key, &body.joined(), kinds).and_then(|outcome| {
@@ -462,9 +737,11 @@ fn apply(store: &dyn Store, op: CacheOp, kinds: &mut HashMap<Gvr, KindInfo>) -> 
             })
         }
         CacheOp::Gone { key } => apply_gone(store, &key),
-        CacheOp::List { scope, body } => apply_list(store, &scope, &body.joined(), kinds),
+        CacheOp::List { scope, body } => {
+            apply_list(store, &scope, &body.joined(), kinds, max_object)
+        }
         CacheOp::InitialEvents { scope, lines } => {
-            apply_streamed_list(store, &scope, &lines, kinds)
+            apply_streamed_list(store, &scope, &lines, kinds, max_object)
         }
         CacheOp::Events { scope, lines } => {
             return groups(&lines)
@@ -513,20 +790,51 @@ fn apply_document(store: &dyn Store, name: &str, content_type: &str, body: &[u8]
     Ok("stored")
 }
 
+/// What a GET answer says it is.
+#[derive(Deserialize)]
+struct ObjectHead<'a> {
+    #[serde(borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default, rename = "apiVersion")]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    metadata: ObjectNames<'a>,
+}
+
+#[derive(Deserialize, Default)]
+struct ObjectNames<'a> {
+    #[serde(borrow, default)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    namespace: Cow<'a, str>,
+}
+
 fn apply_object(
     store: &dyn Store,
     key: &ObjectKey,
     body: &[u8],
     kinds: &mut HashMap<Gvr, KindInfo>,
 ) -> Applied {
-    let kind = KindInfo::from_object(body)
-        .ok_or_else(|| ApplyError::Invalid("object without kind/apiVersion".into()))?;
-    if kind.kind == "Status" || kind.kind.ends_with("List") {
-        return Err(ApplyError::Invalid(format!(
-            "a {} is not an object",
-            kind.kind
+    let head: ObjectHead<'_> =
+        serde_json::from_slice(body).map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
+    let (Some(kind), Some(api_version)) = (head.kind, head.api_version) else {
+        return Err(ApplyError::Invalid("object without kind/apiVersion".into()));
+    };
+    if kind == "Status" || kind.ends_with("List") {
+        return Err(ApplyError::Invalid(format!("a {kind} is not an object")));
+    }
+    kinds::check_kind(&key.gvr, &kind, &api_version).map_err(ApplyError::Mismatch)?;
+    let names = &head.metadata;
+    if names.name != key.name || names.namespace != key.namespace {
+        return Err(ApplyError::Mismatch(format!(
+            "object {:?}/{:?} answers a request for {key}",
+            names.namespace, names.name
         )));
     }
+    let kind = KindInfo {
+        kind: kind.into_owned(),
+        api_version: api_version.into_owned(),
+    };
     remember_kind(store, &key.gvr, kind, kinds)?;
     Ok(outcome_label(&store.put_object(
         &key.component,
@@ -559,11 +867,13 @@ fn apply_list(
     scope: &Scope,
     body: &[u8],
     kinds: &mut HashMap<Gvr, KindInfo>,
+    max_object: usize,
 ) -> Applied {
     let list: ListBody<'_> =
         serde_json::from_slice(body).map_err(|e| ApplyError::Invalid(format!("list body: {e}")))?;
     let kind = KindInfo::from_list(&list.kind, &list.api_version)
         .ok_or_else(|| ApplyError::Invalid(format!("a {} is not a list", list.kind)))?;
+    kinds::check_kind(&scope.gvr, &kind.kind, &kind.api_version).map_err(ApplyError::Mismatch)?;
     if !list.metadata.continue_token.is_empty() {
         // One page of a chunked list cannot replace a scope; the full list will.
         return Ok("partial");
@@ -572,6 +882,13 @@ fn apply_list(
         return Err(ApplyError::Invalid("list without resourceVersion".into()));
     }
     let raw_items = list.items.unwrap_or_default();
+    // A scope must never silently lack an item: one too large, and the list is not cached.
+    if let Some(big) = raw_items.iter().find(|i| i.get().len() > max_object) {
+        return Err(ApplyError::TooLarge(format!(
+            "a list item of {} bytes, over the {max_object}-byte limit",
+            big.get().len()
+        )));
+    }
     let head = TypeMetaHead::of(&kind);
     let replace = |check| {
         let items: Vec<_> = raw_items
@@ -581,17 +898,33 @@ fn apply_list(
         let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
         store.replace_scope(scope, &list.metadata.resource_version, &item_refs)
     };
-    match replace(KindCheck::UpToMetadata) {
-        Ok(_) => {}
+    let outcome = match replace(KindCheck::UpToMetadata) {
+        Ok(outcome) => outcome,
         Err(CacheError::InvalidObject(reason)) => {
             // Possibly a `kind` after `metadata` that the short read missed; read them whole.
             debug!(reason, "list items read again in whole");
-            replace(KindCheck::Whole)?;
+            replace(KindCheck::Whole)?
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     remember_kind(store, &scope.gvr, kind, kinds)?;
-    Ok("replaced")
+    Ok(replaced_label(
+        scope,
+        &list.metadata.resource_version,
+        &outcome,
+    ))
+}
+
+/// `replaced`, or `older_than_cached` (logged once per list) when the scope already held a
+/// newer state than the list's and kept it (see `outpost_cache::Store::replace_scope`).
+fn replaced_label(scope: &Scope, list_rv: &str, outcome: &ReplaceOutcome) -> &'static str {
+    match &outcome.refused_older_than {
+        None => "replaced",
+        Some(held) => {
+            warn!(scope = %scope.id(), list_rv, cached_rv = %held, "a LIST older than the cached scope was not cached (another watch of the scope had moved it on)");
+            "older_than_cached"
+        }
+    }
 }
 
 /// See [`CacheOp::InitialEvents`]. Every line but the last must be an `ADDED` event, the last
@@ -601,6 +934,7 @@ fn apply_streamed_list(
     scope: &Scope,
     lines: &[Bytes],
     kinds: &mut HashMap<Gvr, KindInfo>,
+    max_object: usize,
 ) -> Applied {
     #[derive(Deserialize)]
     struct Marker {
@@ -627,12 +961,28 @@ fn apply_streamed_list(
             _ => Err(invalid("an initial event that is not ADDED")),
         })
         .collect::<Result<Vec<&[u8]>, ApplyError>>()?;
-    store.replace_scope(scope, &resource_version, &items)?;
+    if let Some(big) = items.iter().find(|i| i.len() > max_object) {
+        return Err(ApplyError::TooLarge(format!(
+            "an initial event's object of {} bytes, over the {max_object}-byte limit",
+            big.len()
+        )));
+    }
+    for item in &items {
+        check_event_kind(scope, item)?;
+    }
+    let outcome = store.replace_scope(scope, &resource_version, &items)?;
     let kind = KindInfo::from_object(marker).or_else(|| KindInfo::from_object(items.first()?));
     if let Some(kind) = kind {
         remember_kind(store, &scope.gvr, kind, kinds)?;
     }
-    Ok("replaced")
+    Ok(replaced_label(scope, &resource_version, &outcome))
+}
+
+/// A watch event's object must be of the watched resource (see [`kinds::check_kind`]).
+fn check_event_kind(scope: &Scope, object: &[u8]) -> Result<(), ApplyError> {
+    let (kind, api_version) = kinds::type_meta(object)
+        .ok_or_else(|| ApplyError::Invalid("watch event object without kind/apiVersion".into()))?;
+    kinds::check_kind(&scope.gvr, &kind, &api_version).map_err(ApplyError::Mismatch)
 }
 
 #[derive(Deserialize)]
@@ -667,7 +1017,18 @@ fn read_line(line: &[u8]) -> Line<'_> {
 
 /// One outcome per line, in order; the lines the store takes go to it in one call.
 fn apply_events(store: &dyn Store, scope: &Scope, lines: &[Bytes]) -> Vec<Applied> {
-    let lines: Vec<Line<'_>> = lines.iter().map(|line| read_line(line)).collect();
+    let lines: Vec<Line<'_>> = lines
+        .iter()
+        .map(|line| match read_line(line) {
+            Line::ToStore(event_type, object) if event_type != EventType::Bookmark => {
+                match check_event_kind(scope, object) {
+                    Ok(()) => Line::ToStore(event_type, object),
+                    Err(e) => Line::Done(Err(e)),
+                }
+            }
+            other => other,
+        })
+        .collect();
     let events: Vec<(EventType, &[u8])> = lines
         .iter()
         .filter_map(|line| match line {
@@ -675,21 +1036,31 @@ fn apply_events(store: &dyn Store, scope: &Scope, lines: &[Bytes]) -> Vec<Applie
             Line::Done(_) => None,
         })
         .collect();
-    // One warning for a failed group rather than one per event; each still counts as "error".
-    let mut stored = match store.apply_events(scope, &events) {
-        Ok(outcomes) => Some(outcomes.into_iter()),
+    // One log line for a failed group rather than one per event.
+    let (mut stored, failed) = match store.apply_events(scope, &events) {
+        Ok(outcomes) => (Some(outcomes.into_iter()), None),
         Err(e) => {
-            warn!(events = events.len(), error = %e, "cache write of watch events failed");
-            None
+            let why = match e {
+                CacheError::LowSpace { .. } => {
+                    debug!(events = events.len(), error = %e, "cache write of watch events refused");
+                    Missed::NoSpace
+                }
+                _ => {
+                    warn!(events = events.len(), error = %e, "cache write of watch events failed");
+                    Missed::WriteFailed
+                }
+            };
+            (None, Some(why))
         }
     };
     lines
         .into_iter()
         .map(|line| match line {
             Line::Done(applied) => applied,
-            Line::ToStore(..) => match stored.as_mut().and_then(Iterator::next) {
-                Some(outcome) => Ok(outcome_label(&outcome?)),
-                None => Ok("error"),
+            Line::ToStore(..) => match (stored.as_mut().and_then(Iterator::next), failed) {
+                (Some(outcome), _) => Ok(outcome_label(&outcome?)),
+                (None, Some(why)) => Err(ApplyError::Unstored(why)),
+                (None, None) => Ok("error"),
             },
         })
         .collect()
@@ -719,6 +1090,7 @@ fn outcome_label(outcome: &WriteOutcome) -> &'static str {
         WriteOutcome::Bookmarked => "bookmarked",
         WriteOutcome::ScopeUnknown => "scope_unknown",
         WriteOutcome::Unchanged => "unchanged",
+        WriteOutcome::Superseded { .. } => "superseded",
     }
 }
 
@@ -739,13 +1111,21 @@ mod tests {
     fn apply_all(store: &MemStore, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         ops.into_iter()
-            .flat_map(|op| apply(store, op, &mut kinds))
-            .map(|applied| match applied {
-                Ok(o) => o,
-                Err(ApplyError::Invalid(_)) => "invalid",
-                Err(ApplyError::Store(e)) => panic!("{e}"),
-            })
+            .flat_map(|op| apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES))
+            .map(label_of)
             .collect()
+    }
+
+    /// The outcome label of one applied object, a store failure failing the test.
+    fn label_of(applied: Applied) -> &'static str {
+        match applied {
+            Ok(o) => o,
+            Err(ApplyError::Invalid(_)) => "invalid",
+            Err(ApplyError::Mismatch(_)) => "mismatch",
+            Err(ApplyError::TooLarge(_)) => "too_large",
+            Err(ApplyError::Store(e)) => panic!("{e}"),
+            Err(ApplyError::Unstored(why)) => panic!("{why:?}"),
+        }
     }
 
     const LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"10"},"items":[{"metadata":{"name":"a","namespace":"d","resourceVersion":"9","uid":"u1"}}]}"#;
@@ -927,36 +1307,56 @@ mod tests {
             scope: scope.clone(),
             lines,
         };
-        for op in [
+        for (ticket, op) in [
             events(&scope(), vec![line(2), line(3)]),
             events(&scope(), vec![line(4)]),
             events(&other, vec![line(5)]),
             events(&scope(), vec![line(6)]),
-        ] {
-            tx.send(Box::new(op)).unwrap();
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let ticket = ticket as u64 + 2;
+            tx.send(queued(op, ticket, false)).unwrap();
         }
         let gathered = gather_events(&rx, &scope(), vec![line(1)], GROUP_WINDOW);
         assert_eq!(gathered.lines, [line(1), line(2), line(3), line(4)]);
-        assert_eq!(gathered.more_ops, 2);
+        assert_eq!(
+            gathered.last_ticket,
+            Some(3),
+            "applied up to the last merged"
+        );
         assert!(
-            matches!(gathered.next, Some(CacheOp::Events { scope, .. }) if scope == other),
+            matches!(gathered.next, Some(Entry { op: CacheOp::Events { scope, .. }, ticket: 4, .. }) if scope == other),
             "the other scope's events come back to be applied next"
         );
         let gathered = gather_events(&rx, &other, vec![line(5)], GROUP_WINDOW);
         assert_eq!(gathered.lines, [line(5)]);
         assert!(
-            matches!(gathered.next, Some(CacheOp::Events { ref lines, .. }) if *lines == [line(6)])
+            matches!(gathered.next, Some(Entry { op: CacheOp::Events { ref lines, .. }, .. }) if *lines == [line(6)])
         );
         let started = Instant::now();
         let gathered = gather_events(&rx, &scope(), vec![line(6)], GROUP_WINDOW);
         assert_eq!(
-            (gathered.lines, gathered.next.is_none()),
-            (vec![line(6)], true)
+            (
+                gathered.lines,
+                gathered.next.is_none(),
+                gathered.last_ticket
+            ),
+            (vec![line(6)], true, None)
         );
         assert!(
             started.elapsed() >= GROUP_WINDOW,
             "an empty queue ends the group once the window has passed"
         );
+    }
+
+    fn queued(op: CacheOp, ticket: u64, awaited: bool) -> Queued {
+        Box::new(Entry {
+            op,
+            ticket,
+            awaited,
+        })
     }
 
     #[test]
@@ -968,7 +1368,8 @@ mod tests {
                 scope: scope(),
                 lines: vec![Bytes::from_static(b"2")],
             };
-            tx.send(Box::new(more)).expect("the writer side is there");
+            tx.send(queued(more, 2, false))
+                .expect("the writer side is there");
             // Dropping the sender ends the wait at once: the group need not sit out the window.
         });
         let started = Instant::now();
@@ -976,8 +1377,26 @@ mod tests {
         let gathered = gather_events(&rx, &scope(), vec![Bytes::from_static(b"1")], window);
         sender.join().expect("sender");
         assert_eq!(gathered.lines, [&b"1"[..], &b"2"[..]]);
-        assert_eq!(gathered.more_ops, 1);
+        assert_eq!(gathered.last_ticket, Some(2));
         assert!(started.elapsed() < window);
+    }
+
+    /// Events a tee waits for are applied without waiting out the window: what is queued
+    /// already still joins the group.
+    #[test]
+    fn an_awaited_event_ends_the_window() {
+        let (tx, rx) = sync_channel(16);
+        let event = |n: &'static [u8]| CacheOp::Events {
+            scope: scope(),
+            lines: vec![Bytes::from_static(n)],
+        };
+        tx.send(queued(event(b"2"), 2, true)).unwrap();
+        let window = Duration::from_secs(30);
+        let started = Instant::now();
+        let gathered = gather_events(&rx, &scope(), vec![Bytes::from_static(b"1")], window);
+        assert_eq!(gathered.lines, [&b"1"[..], &b"2"[..]]);
+        assert!(started.elapsed() < Duration::from_secs(5), "not the window");
+        drop(tx);
     }
 
     /// Polls `done` every 5 ms; panics with `what` if it is still false after 5 s.
@@ -1040,6 +1459,7 @@ mod tests {
             Arc::new(MemStore::new()),
             Metrics::new(),
             false,
+            DEFAULT_MAX_OBJECT_BYTES,
             Duration::from_millis(20),
         )
         .unwrap();
@@ -1103,16 +1523,24 @@ mod tests {
                 r#"{{"type":"ADDED","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{rv}"}}}}}}"#
             ))
         };
-        assert!(writer.submit(CacheOp::List {
-            scope: scope(),
-            body: Bytes::from_static(LIST.as_bytes()).into(),
-        }));
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST.as_bytes()).into(),
+                })
+                .is_some()
+        );
         for i in 0..200 {
             let lines = vec![event(&format!("p{i}"), 11 + i)];
-            assert!(writer.submit(CacheOp::Events {
-                scope: scope(),
-                lines
-            }));
+            assert!(
+                writer
+                    .submit(CacheOp::Events {
+                        scope: scope(),
+                        lines
+                    })
+                    .is_some()
+            );
         }
         assert!(writer.caught_up(Duration::from_secs(10)).await);
         let list = store.list(&scope()).unwrap().unwrap();
@@ -1148,11 +1576,7 @@ mod tests {
         ];
         let outcomes: Vec<_> = apply_events(&store, &scope(), &lines)
             .into_iter()
-            .map(|o| match o {
-                Ok(label) => label,
-                Err(ApplyError::Invalid(_)) => "invalid",
-                Err(ApplyError::Store(e)) => panic!("{e}"),
-            })
+            .map(label_of)
             .collect();
         assert_eq!(
             outcomes,
