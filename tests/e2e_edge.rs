@@ -12,22 +12,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use support::{
-    Cluster, HubProcess, NODE, assert_ok, ends_without_changes, eventually, get, hub_kubeconfig,
-    kube_client, kubectl, metrics_text, raw_http, sample, stdout,
+    Cluster, HubProcess, KUBELET_UA, NODE, assert_ok, ends_without_changes, eventually, get,
+    hub_kubeconfig, kube_client, kubectl, kubelet_get, metrics_text, pod, raw_http, sample,
+    served_from_cache, stdout, until_cached, until_durable, wait_online,
 };
-
-const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
-/// What kubelet really sends.
-const KUBELET_ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
-
-fn pod(name: &str, node: &str, app: &str) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
-    })
-}
 
 /// A fake cluster with these pods (app=web) bound to the node.
 async fn cluster_with_pods(names: &[&str]) -> Cluster {
@@ -41,14 +29,6 @@ async fn cluster_with_pods(names: &[&str]) -> Cluster {
     cluster
 }
 
-/// `GET` with kubelet's real headers.
-async fn kubelet_get(hub: &HubProcess, path: &str) -> support::RawResponse {
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {KUBELET_UA}\r\nAccept: {KUBELET_ACCEPT}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
-    );
-    raw_http(hub.proxy, req.as_bytes()).await
-}
-
 fn names(list: &Value) -> Vec<String> {
     list["items"]
         .as_array()
@@ -56,29 +36,6 @@ fn names(list: &Value) -> Vec<String> {
         .iter()
         .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
         .collect()
-}
-
-fn served_from_cache(resp: &support::RawResponse) -> bool {
-    resp.header("x-outpost-served-from") == Some("edge-cache")
-}
-
-/// Polls until the hub answers `path` from its cache (the writer applies asynchronously).
-async fn until_cached(hub: &HubProcess, path: &str) -> support::RawResponse {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let resp = kubelet_get(hub, path).await;
-        if resp.status == 200 && served_from_cache(&resp) {
-            return resp;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never served from cache: {} {}\n{}",
-            resp.status,
-            String::from_utf8_lossy(&resp.body),
-            hub.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,18 +53,18 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     let pods_path =
         format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&limit=500&resourceVersion=0");
 
-    let online = kubelet_get(&hub, &node_path).await;
+    let online = kubelet_get(hub.proxy, &node_path).await;
     assert_eq!(online.status, 200);
     assert_eq!(
         online.header("content-type"),
         Some("application/json"),
         "kubelet accepts JSON as well as protobuf; the hub asks for JSON"
     );
-    let online_list = kubelet_get(&hub, &pods_path).await;
+    let online_list = kubelet_get(hub.proxy, &pods_path).await;
     assert_eq!(online_list.status, 200);
     // kubelet's per-object reflector of a ConfigMap that does not exist: an empty list.
     let absent_cm = "/api/v1/namespaces/default/configmaps?fieldSelector=metadata.name%3Dabsent&limit=500&resourceVersion=0";
-    let empty = kubelet_get(&hub, absent_cm).await;
+    let empty = kubelet_get(hub.proxy, absent_cm).await;
     assert_eq!(
         empty.json()["items"],
         json!([]),
@@ -124,7 +81,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     ];
     let mut cloud_said = Vec::new();
     for path in &bad_rv {
-        let resp = kubelet_get(&hub, path).await;
+        let resp = kubelet_get(hub.proxy, path).await;
         cloud_said.push((resp.status, resp.json()["message"].clone()));
     }
     assert_eq!(cloud_said[0].0, 400);
@@ -135,7 +92,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     assert_eq!(node.json()["kind"], "Node");
 
     let listed = until_cached(&hub, &pods_path).await;
-    let relisted = kubelet_get(&hub, &pods_path).await;
+    let relisted = kubelet_get(hub.proxy, &pods_path).await;
     assert_eq!(
         relisted.body, listed.body,
         "an unchanged cache: the same answer"
@@ -154,14 +111,14 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
 
     // A label selector the cache never saw is evaluated on the cached objects.
     let web = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&labelSelector=app%3Dweb"),
     )
     .await;
     assert_eq!(web.status, 200, "{}", String::from_utf8_lossy(&web.body));
     assert_eq!(names(&web.json()), ["a", "c"]);
     let not_web = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/namespaces/default/pods?fieldSelector=spec.nodeName%3D{NODE}&labelSelector=app+notin+%28web%29"),
     )
     .await;
@@ -169,13 +126,13 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
 
     // Paging: limit/continue walk the list once. From resourceVersion=0 ("any") the list is
     // served whole, as the apiserver's watch cache does (`pods_path` carries limit=500).
-    let whole = kubelet_get(&hub, &pods_path.replace("limit=500", "limit=2"))
+    let whole = kubelet_get(hub.proxy, &pods_path.replace("limit=500", "limit=2"))
         .await
         .json();
     assert_eq!(names(&whole), ["a", "b", "c"]);
     assert!(whole["metadata"].get("continue").is_none());
     let first = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&limit=2"),
     )
     .await
@@ -185,7 +142,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
         .as_str()
         .expect("continue token");
     let second = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&limit=2&continue={token}"),
     )
     .await
@@ -194,7 +151,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     assert!(second["metadata"].get("continue").is_none());
 
     // GET of a pod known only from the list.
-    let a = kubelet_get(&hub, "/api/v1/namespaces/default/pods/a").await;
+    let a = kubelet_get(hub.proxy, "/api/v1/namespaces/default/pods/a").await;
     assert_eq!(a.status, 200);
     assert_eq!(
         a.json()["kind"],
@@ -205,7 +162,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     // (kubelet's per-name ConfigMap list came back empty); otherwise the cache cannot know.
     let gone = until_cached(&hub, absent_cm).await;
     assert_eq!(gone.json()["items"], json!([]));
-    let missing = kubelet_get(&hub, "/api/v1/namespaces/default/configmaps/absent").await;
+    let missing = kubelet_get(hub.proxy, "/api/v1/namespaces/default/configmaps/absent").await;
     assert_eq!(
         missing.status,
         404,
@@ -213,7 +170,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
         String::from_utf8_lossy(&missing.body)
     );
     assert_eq!(missing.json()["reason"], "NotFound");
-    let unknown = kubelet_get(&hub, "/api/v1/namespaces/default/pods/zz").await;
+    let unknown = kubelet_get(hub.proxy, "/api/v1/namespaces/default/pods/zz").await;
     assert_eq!(
         (unknown.status, &unknown.json()["reason"]),
         (503, &json!("ServiceUnavailable")),
@@ -223,7 +180,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
 
     // The same validation as the cloud's, for a list and a watch alike.
     for (path, cloud) in bad_rv.iter().zip(&cloud_said) {
-        let resp = kubelet_get(&hub, path).await;
+        let resp = kubelet_get(hub.proxy, path).await;
         assert_eq!(
             &(resp.status, resp.json()["message"].clone()),
             cloud,
@@ -232,7 +189,7 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
     }
 
     // A list nobody cached is a 503 Status, never an empty list.
-    let unknown = kubelet_get(&hub, "/api/v1/configmaps").await;
+    let unknown = kubelet_get(hub.proxy, "/api/v1/configmaps").await;
     assert_eq!(unknown.status, 503);
     assert_eq!(unknown.json()["kind"], "Status");
 
@@ -267,25 +224,12 @@ async fn offline_get_and_list_follow_kubernetes_semantics() {
 
     cluster.fake.restore().await;
     wait_online(&hub).await;
-    let fresh = kubelet_get(&hub, &node_path).await;
+    let fresh = kubelet_get(hub.proxy, &node_path).await;
     assert_eq!(fresh.status, 200);
     assert!(
         !served_from_cache(&fresh),
         "online again: answered by the cloud"
     );
-}
-
-/// Waits (bounded) until readyz no longer reports the hub offline.
-async fn wait_online(hub: &HubProcess) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let ready = get(hub.admin, "/v1/readyz", "test").await;
-        if !String::from_utf8_lossy(&ready.body).contains("offline") {
-            return;
-        }
-        assert!(Instant::now() < deadline, "hub stayed offline");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn node_pods(hub: &HubProcess) -> (Api<Pod>, String) {
@@ -498,7 +442,7 @@ async fn still_online_and_watching(
         }
     };
     assert_eq!(change, ("MODIFIED".into(), "a".into()), "the watch goes on");
-    let node = kubelet_get(hub, &format!("/api/v1/nodes/{NODE}")).await;
+    let node = kubelet_get(hub.proxy, &format!("/api/v1/nodes/{NODE}")).await;
     assert_eq!(node.status, 200);
     assert!(!served_from_cache(&node), "online, from the cloud");
 }
@@ -552,13 +496,13 @@ async fn a_failed_read_of_an_uncached_object_is_never_a_404_from_the_cache() {
     let hub = start_hub_with_slow_rounds(&cluster);
     let cached = "/api/v1/namespaces/default/pods/a";
     let uncached = "/api/v1/namespaces/default/configmaps/settings";
-    assert_eq!(kubelet_get(&hub, cached).await.status, 200);
+    assert_eq!(kubelet_get(hub.proxy, cached).await.status, 200);
     until_durable(&hub, &[r#"op="object",outcome="stored""#]).await;
 
     cluster
         .fake
         .fail_requests_under("/api/v1/namespaces/default", Some(500));
-    let failed = kubelet_get(&hub, uncached).await;
+    let failed = kubelet_get(hub.proxy, uncached).await;
     assert_eq!(
         (failed.status, failed.json()["reason"].clone()),
         (500, json!("InternalError")),
@@ -566,7 +510,7 @@ async fn a_failed_read_of_an_uncached_object_is_never_a_404_from_the_cache() {
         String::from_utf8_lossy(&failed.body)
     );
     assert!(!served_from_cache(&failed));
-    let from_cache = kubelet_get(&hub, cached).await;
+    let from_cache = kubelet_get(hub.proxy, cached).await;
     assert_eq!(from_cache.status, 200);
     assert!(served_from_cache(&from_cache), "the cache holds this one");
 
@@ -578,7 +522,7 @@ async fn a_failed_read_of_an_uncached_object_is_never_a_404_from_the_cache() {
         "/api/v1/namespaces/default/configmaps",
         Some(Duration::from_secs(8)),
     );
-    let slow = kubelet_get(&hub, &format!("{uncached}?timeout=4s")).await;
+    let slow = kubelet_get(hub.proxy, &format!("{uncached}?timeout=4s")).await;
     assert_eq!(
         (slow.status, slow.json()["reason"].clone()),
         (504, json!("Timeout")),
@@ -669,7 +613,7 @@ async fn a_streaming_list_replaces_the_cached_scope() {
     let cluster = cluster_with_pods(&["a", "b"]).await;
     let hub = cluster.start_hub();
     let list_path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
-    assert_eq!(kubelet_get(&hub, &list_path).await.status, 200);
+    assert_eq!(kubelet_get(hub.proxy, &list_path).await.status, 200);
 
     cluster.fake.refuse_connections();
     let cached = until_cached(&hub, &list_path).await;
@@ -789,7 +733,7 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     cluster.fake.cut_watches();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let resp = kubelet_get(&hub, &scope).await;
+        let resp = kubelet_get(hub.proxy, &scope).await;
         if resp.status == 200 && served_from_cache(&resp) && listed(&resp.json()) == expected {
             break;
         }
@@ -808,27 +752,6 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     watcher_task.abort();
 }
 
-/// Polls `/metrics` (bounded) until each `outpost_cache_writes_total{labels}` has counted a write.
-async fn until_durable(hub: &HubProcess, labels: &[&str]) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text =
-            String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned();
-        let counted = |l: &&str| {
-            text.lines()
-                .any(|line| line.starts_with(&format!("outpost_cache_writes_total{{{l}}} ")))
-        };
-        if labels.iter().all(counted) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "writes {labels:?} never applied:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     let cluster = cluster_with_pods(&["a", "b"]).await;
@@ -836,8 +759,8 @@ async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     let node_path = format!("/api/v1/nodes/{NODE}");
     {
         let hub = cluster.start_hub();
-        assert_eq!(kubelet_get(&hub, &scope).await.status, 200);
-        assert_eq!(kubelet_get(&hub, &node_path).await.status, 200);
+        assert_eq!(kubelet_get(hub.proxy, &scope).await.status, 200);
+        assert_eq!(kubelet_get(hub.proxy, &node_path).await.status, 200);
         cluster.fake.refuse_connections();
         until_cached(&hub, &scope).await;
         until_cached(&hub, &node_path).await;
@@ -854,11 +777,11 @@ async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
         // Dropping the guard sends SIGKILL: no shutdown path runs.
     }
     let hub = cluster.start_hub();
-    let list = kubelet_get(&hub, &scope).await;
+    let list = kubelet_get(hub.proxy, &scope).await;
     assert_eq!(list.status, 200, "{}", String::from_utf8_lossy(&list.body));
     assert!(served_from_cache(&list));
     assert_eq!(names(&list.json()), ["a", "b"]);
-    let node = kubelet_get(&hub, &node_path).await;
+    let node = kubelet_get(hub.proxy, &node_path).await;
     assert_eq!(
         node.status,
         200,
@@ -891,7 +814,7 @@ async fn a_failing_cache_disk_never_stops_the_proxy_and_the_cache_recovers() {
 
     let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     for _ in 0..3 {
-        let list = kubelet_get(&hub, &scope).await;
+        let list = kubelet_get(hub.proxy, &scope).await;
         assert_eq!(list.status, 200, "online proxying continues");
         assert_eq!(names(&list.json()), ["a"]);
     }
@@ -923,7 +846,7 @@ async fn a_failing_cache_disk_never_stops_the_proxy_and_the_cache_recovers() {
             Instant::now() < deadline,
             "the cache never recovered:\n{text}\n{metrics}"
         );
-        let _ = kubelet_get(&hub, &scope).await;
+        let _ = kubelet_get(hub.proxy, &scope).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!cache.join("db-0").exists(), "the failed database is gone");
@@ -1014,7 +937,7 @@ async fn admin_pods_lists_the_nodes_pods_from_the_cache_or_in_cloud_mode_from_th
     let cluster = cluster_with_pods(&["p1", "p2"]).await;
     let hub = cluster.start_hub();
     let kubelet_list = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
     )
     .await;
@@ -1080,7 +1003,7 @@ async fn the_cache_threads_run_at_a_lower_cpu_priority_than_the_proxy() {
     let cluster = cluster_with_pods(&["p1", "p2"]).await;
     let hub = cluster.start_hub();
     let list = kubelet_get(
-        &hub,
+        hub.proxy,
         &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"),
     )
     .await;
@@ -1124,7 +1047,7 @@ async fn after_a_burst_the_hub_gives_freed_memory_back() {
     let hub = cluster.start_hub();
     let scope = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
     for _ in 0..3 {
-        let list = kubelet_get(&hub, &scope).await;
+        let list = kubelet_get(hub.proxy, &scope).await;
         assert_eq!(list.status, 200);
         assert_eq!(names(&list.json()).len(), 1000);
     }
@@ -1159,13 +1082,13 @@ async fn an_offline_watch_without_a_timeout_lasts_the_min_request_timeout() {
     args.push("--min-request-timeout=2s".into());
     let hub = cluster.start_hub_with(&args);
     let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
-    let list = kubelet_get(&hub, &path).await;
+    let list = kubelet_get(hub.proxy, &path).await;
     assert_eq!(list.status, 200);
     cluster.fake.refuse_connections();
     until_cached(&hub, &path).await;
 
     let started = Instant::now();
-    let watch = kubelet_get(&hub, &format!("{path}&watch=true&resourceVersion=0")).await;
+    let watch = kubelet_get(hub.proxy, &format!("{path}&watch=true&resourceVersion=0")).await;
     let lasted = started.elapsed();
     assert_eq!(
         watch.status,

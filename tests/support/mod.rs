@@ -347,10 +347,10 @@ pub async fn kubelet_send(
     raw_http(addr, &req).await
 }
 
-/// A kubelet GET, with kubelet's headers (protobuf preferred).
+/// A kubelet GET, with kubelet's headers (protobuf preferred, gzip accepted).
 pub async fn kubelet_get(addr: SocketAddr, path: &str) -> RawResponse {
     let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {KUBELET_UA}\r\nAccept: {KUBELET_ACCEPT}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {KUBELET_UA}\r\nAccept: {KUBELET_ACCEPT}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
     );
     raw_http(addr, req.as_bytes()).await
 }
@@ -622,4 +622,75 @@ pub async fn until_certified(hub: &HubProcess, ca_pem: &str) {
         "the secure port never presented a certificate; log:\n{}",
         hub.log_text()
     );
+}
+
+/// A pod in `default`, bound to `node`, labelled `app`.
+pub fn pod(name: &str, node: &str, app: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": app}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+    })
+}
+
+pub fn served_from_cache(resp: &RawResponse) -> bool {
+    resp.header("x-outpost-served-from") == Some("edge-cache")
+}
+
+/// Polls until the hub answers `path` from its cache (the writer applies asynchronously).
+pub async fn until_cached(hub: &HubProcess, path: &str) -> RawResponse {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let resp = kubelet_get(hub.proxy, path).await;
+        if resp.status == 200 && served_from_cache(&resp) {
+            return resp;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} never served from cache: {} {}\n{}",
+            resp.status,
+            String::from_utf8_lossy(&resp.body),
+            hub.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `/metrics` (bounded) until each `outpost_cache_writes_total{labels}` has counted a write.
+pub async fn until_durable(hub: &HubProcess, labels: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text =
+            String::from_utf8_lossy(&get(hub.admin, "/metrics", "test").await.body).into_owned();
+        let counted = |l: &&str| {
+            text.lines()
+                .any(|line| line.starts_with(&format!("outpost_cache_writes_total{{{l}}} ")))
+        };
+        if labels.iter().all(counted) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "writes {labels:?} never applied:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (bounded) until readyz no longer reports the hub offline.
+pub async fn wait_online(hub: &HubProcess) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ready = get(hub.admin, "/v1/readyz", "test").await;
+        if !String::from_utf8_lossy(&ready.body).contains("offline") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hub stayed offline:\n{}",
+            hub.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

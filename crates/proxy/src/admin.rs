@@ -242,7 +242,7 @@ fn cache_check(store: &dyn outpost_cache::Store, volatile: Option<&str>) -> Chec
     );
     let missed = (health.missed_scopes > 0).then(|| {
         format!(
-            "; {} cached scope(s) missed watch events and answer 503 offline until relisted",
+            "; {} cached scope(s) missed watch events: the cache answers them 503 until relisted",
             health.missed_scopes
         )
     });

@@ -178,6 +178,16 @@ pub async fn serve(
     if shared.faults.hangs_up(req.uri().path()) {
         return Err(HungUp);
     }
+    if let Some(path) = shared.faults.answered_as(req.uri().path()) {
+        let query = req
+            .uri()
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        if let Ok(uri) = format!("{path}{query}").parse() {
+            *req.uri_mut() = uri;
+        }
+    }
     // exec / attach / port-forward switch protocols; the handle must be taken before the body.
     let on_upgrade = req
         .headers()
@@ -213,6 +223,9 @@ pub async fn serve(
         resp
     };
     shared.record(record(&parts, &info, &user, resp.status().as_u16()));
+    if let Some(late) = shared.faults.lateness(&info.path, &info.verb) {
+        tokio::time::sleep(late).await;
+    }
     let resp = match shared.faults.body_pace(&path) {
         Some(pace) => slow_body(resp, pace).await,
         None => resp,

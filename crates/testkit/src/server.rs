@@ -459,6 +459,22 @@ impl FakeApiServer {
             .set_slow_bodies_under(Some((prefix.to_owned(), pace)));
     }
 
+    /// Answers the next `times` requests (not watches) whose path starts with `prefix` `delay`
+    /// late: the answer is computed when the request arrives (a LIST holds the state and
+    /// resourceVersion of that moment) and sent after the delay, as from an apiserver whose
+    /// answer is slow on the wire. Other requests, watch events included, go on meanwhile.
+    pub fn answer_late_under(&self, prefix: &str, delay: Duration, times: usize) {
+        self.shared
+            .faults
+            .set_late_under(Some((prefix.to_owned(), delay, times)));
+    }
+
+    /// Answers requests for exactly `path` (any query) as if they were for `answered_as`, as a
+    /// misbehaving upstream would: the client asked for one object and gets another.
+    pub fn answer_as(&self, path: &str, answered_as: &str) {
+        self.shared.faults.add_answer_as(path, answered_as);
+    }
+
     /// Aborts every open watch stream mid-body (the connection drops without a final chunk).
     pub fn cut_watches(&self) {
         self.shared.cut.send_modify(|generation| *generation += 1);
@@ -472,6 +488,8 @@ impl FakeApiServer {
         self.shared.faults.set_hang_up_under(None);
         self.shared.faults.set_delay_under(None);
         self.shared.faults.set_slow_bodies_under(None);
+        self.shared.faults.set_late_under(None);
+        self.shared.faults.clear_answer_as();
         self.shared.faults.set_blackhole(false);
         if lock(&self.listener).is_none() {
             self.rebind().await;

@@ -52,6 +52,13 @@ pub(crate) struct Faults {
     /// Answers under this path prefix send their headers, then their body at this pace (a few
     /// bytes per tick), or with `None` nothing at all.
     slow_bodies_under: Mutex<Option<(String, Option<Duration>)>>,
+    /// The next so many non-watch requests under this path prefix are answered this much late,
+    /// with the answer computed on time.
+    late_under: Mutex<Option<(String, Duration, usize)>>,
+    /// Requests for the first path are answered as if they were for the second: a misrouting
+    /// upstream (a proxy in front of the apiserver, an aggregated API) answering for another
+    /// object.
+    answer_as: Mutex<Vec<(String, String)>>,
     blackhole: watch::Sender<bool>,
 }
 
@@ -64,6 +71,8 @@ impl Faults {
             hang_up_under: Mutex::new(None),
             delay_under: Mutex::new(None),
             slow_bodies_under: Mutex::new(None),
+            late_under: Mutex::new(None),
+            answer_as: Mutex::new(Vec::new()),
             blackhole: watch::channel(false).0,
         }
     }
@@ -130,6 +139,40 @@ impl Faults {
 
     pub fn set_slow_bodies_under(&self, prefix_and_pace: Option<(String, Option<Duration>)>) {
         *lock(&self.slow_bodies_under) = prefix_and_pace;
+    }
+
+    /// How late the answer to a `verb` request for `path` is to be sent, if at all (counted).
+    pub fn lateness(&self, path: &str, verb: &str) -> Option<Duration> {
+        let mut late = lock(&self.late_under);
+        match late.as_mut() {
+            Some((prefix, delay, left))
+                if *left > 0 && verb != "watch" && path.starts_with(prefix.as_str()) =>
+            {
+                *left -= 1;
+                Some(*delay)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn set_late_under(&self, late: Option<(String, Duration, usize)>) {
+        *lock(&self.late_under) = late;
+    }
+
+    /// The path a request for `path` is answered for.
+    pub fn answered_as(&self, path: &str) -> Option<String> {
+        lock(&self.answer_as)
+            .iter()
+            .find(|(from, _)| from == path)
+            .map(|(_, to)| to.clone())
+    }
+
+    pub fn add_answer_as(&self, from: &str, to: &str) {
+        lock(&self.answer_as).push((from.to_owned(), to.to_owned()));
+    }
+
+    pub fn clear_answer_as(&self) {
+        lock(&self.answer_as).clear();
     }
 
     pub fn set_fail(&self, code: Option<u16>) {

@@ -13,6 +13,7 @@
 //! truth and a change of filter configuration applies to cached data too.
 
 pub mod kinds;
+pub mod list_items;
 pub mod lists;
 pub mod negotiate;
 pub mod offline;

@@ -8,7 +8,8 @@
 //! limit is passed, so an oversized answer never sits in memory whole: a GET's body may be
 //! [`Writer::max_object_bytes`] (`--cache-max-object-bytes`), a watch line that much plus its
 //! envelope, a LIST or discovery document [`MAX_BODY`]. A LIST with one item over the object
-//! limit is not cached either (the writer checks; a scope must never silently lack an item).
+//! limit is not cached either (a scope must never silently lack an item): the tee follows the
+//! items as they stream ([`ItemSizes`]) and stops at the first one over the limit.
 //!
 //! # Scopes that missed events
 //! When a watch (or a LIST, whose watch would then apply onto an older scope) is abandoned for
@@ -44,6 +45,7 @@ use http_body::{Body, Frame, SizeHint};
 use outpost_cache::{ObjectKey, Scope};
 use outpost_filter::LineFramer;
 
+use super::list_items::ItemSizes;
 use super::writer::{CacheOp, Chunks, Missed, Ticket, Writer};
 use crate::body::{BoxError, ProxyBody};
 
@@ -100,6 +102,8 @@ pub struct TeeBody {
     done: bool,
     /// A frame held back until the cache has what it carries.
     held: Option<Held>,
+    /// A LIST's items, followed for their sizes.
+    items: Option<ItemSizes>,
 }
 
 /// A frame and the wait for its events to be stored. The wait is behind a mutex only to make
@@ -144,7 +148,10 @@ impl TeeBody {
             }
         )
         .then(Chunks::default);
+        let items =
+            matches!(sink, Sink::List(_)).then(|| ItemSizes::new(writer.max_object_bytes()));
         TeeBody {
+            items,
             initial,
             inner,
             sink,
@@ -166,7 +173,8 @@ impl TeeBody {
             Sink::List(_) | Sink::Document { .. } => MAX_BODY,
             Sink::Watch { .. } => return self.collect_lines(data),
         };
-        if self.whole.byte_len() + data.len() > limit {
+        let item_too_large = self.items.as_mut().is_some_and(|items| !items.fits(data));
+        if item_too_large || self.whole.byte_len() + data.len() > limit {
             self.abandon(Some(Missed::TooLarge));
             return None;
         }
@@ -267,6 +275,7 @@ impl TeeBody {
     /// Gives the copy up; `why`, when the client got (or gets) what the cache will not hold.
     fn abandon(&mut self, why: Option<Missed>) {
         self.done = true;
+        self.items = None;
         self.whole = Chunks::default();
         self.framer = LineFramer::new();
         self.initial = None;
