@@ -667,4 +667,169 @@ mod tests {
         let lines = [pod_event("ADDED", "b", 7), pod_event("ADDED", "c", 8)];
         assert_eq!(streamed(&lines, true).await, expected);
     }
+
+    /// The next frame of `tee`, as hyper polls it.
+    async fn next_frame(tee: &mut TeeBody) -> Option<Bytes> {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut *tee).poll_frame(cx)).await?;
+        Some(frame.unwrap().into_data().unwrap())
+    }
+
+    fn cached_names(store: &MemStore) -> Vec<String> {
+        let list = store.list(&scope()).unwrap().unwrap();
+        let mut names: Vec<String> = list
+            .items
+            .iter()
+            .map(|o| {
+                let v: serde_json::Value = serde_json::from_slice(&o.bytes).unwrap();
+                v["metadata"]["name"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A frame carrying ADDED or DELETED reaches the client only once the cache has it: at that
+    /// moment, not some time later, the cache already agrees with what the client saw.
+    #[tokio::test]
+    async fn added_and_deleted_reach_the_client_once_the_cache_has_them() {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST).into()
+                })
+                .is_some()
+        );
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        let lines = [
+            pod_event("ADDED", "b", 6),
+            pod_event("MODIFIED", "b", 7),
+            pod_event("DELETED", "a", 8),
+        ];
+        let sink = Sink::Watch {
+            scope: scope(),
+            initial_events: false,
+        };
+        let mut tee = TeeBody::new(frames(&lines), sink, writer);
+        assert!(
+            next_frame(&mut tee)
+                .await
+                .unwrap()
+                .starts_with(br#"{"type":"ADDED""#)
+        );
+        assert_eq!(
+            cached_names(&store),
+            ["a", "b"],
+            "b is cached when it arrives"
+        );
+        assert!(next_frame(&mut tee).await.is_some());
+        assert!(
+            next_frame(&mut tee)
+                .await
+                .unwrap()
+                .starts_with(br#"{"type":"DELETED""#)
+        );
+        assert_eq!(
+            cached_names(&store),
+            ["b"],
+            "a is gone when its DELETED arrives"
+        );
+        assert!(next_frame(&mut tee).await.is_none());
+    }
+
+    /// A GET over the object limit reaches the client whole; the copy stops at the limit.
+    #[tokio::test]
+    async fn an_object_over_the_limit_is_passed_on_but_not_copied() {
+        let store = Arc::new(MemStore::new());
+        let metrics = Metrics::new();
+        let writer = Writer::start_with(store.clone(), metrics.clone(), false, 1024).unwrap();
+        let parts: Vec<String> = (0..10).map(|_| "x".repeat(512)).collect();
+        let key = ObjectKey::new("kubelet", &Gvr::new("", "v1", "configmaps"), "d", "big");
+        let mut tee = TeeBody::new(frames(&parts), Sink::Object(key), writer);
+        let mut received = 0;
+        for n in 1..=10 {
+            received += next_frame(&mut tee).await.unwrap().len();
+            assert_eq!(tee.done, n * 512 > 1024, "after {n} chunks");
+            assert!(
+                tee.whole.byte_len() <= 1024,
+                "never more than the limit held"
+            );
+        }
+        assert!(next_frame(&mut tee).await.is_none());
+        assert_eq!(received, 5120);
+        let counted = metrics
+            .cache_writes
+            .with_label_values(&["object", "too_large"])
+            .get();
+        assert_eq!(counted, 1);
+    }
+
+    /// A watch event over the limit: the stream is passed on, the copy given up, and the scope
+    /// marked as having missed it.
+    #[tokio::test]
+    async fn a_watch_event_over_the_limit_marks_its_scope() {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start_with(store.clone(), Metrics::new(), false, 300).unwrap();
+        assert!(
+            writer
+                .submit(CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST).into()
+                })
+                .is_some()
+        );
+        let big = format!(
+            r#"{{"type":"MODIFIED","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"a","namespace":"d","resourceVersion":"9","annotations":{{"x":"{}"}}}}}}}}"#,
+            "y".repeat(400)
+        ) + "\n";
+        let lines = [
+            pod_event("MODIFIED", "a", 6),
+            big,
+            pod_event("ADDED", "c", 10),
+        ];
+        let sink = Sink::Watch {
+            scope: scope(),
+            initial_events: false,
+        };
+        let tee = TeeBody::new(frames(&lines), sink, writer.clone());
+        let received = tee.collect().await.unwrap().to_bytes();
+        assert_eq!(received.len(), lines.concat().len(), "everything passed on");
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        wait_for(|| store.list(&scope()).unwrap().unwrap().missed.is_some());
+        assert_eq!(
+            cached_names(&store),
+            ["a"],
+            "nothing after the gap was cached"
+        );
+    }
+
+    /// A LIST whose second item is over the limit: the copy stops there.
+    #[tokio::test]
+    async fn a_list_stops_being_copied_at_an_item_over_the_limit() {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start_with(store.clone(), Metrics::new(), false, 200).unwrap();
+        let list = format!(
+            r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"5"}},"items":[{{"metadata":{{"name":"a","namespace":"d"}}}},{{"metadata":{{"name":"b","namespace":"d","annotations":{{"x":"{}"}}}}}},{{"metadata":{{"name":"c","namespace":"d"}}}}]}}"#,
+            "y".repeat(300)
+        );
+        let parts: Vec<String> = list
+            .as_bytes()
+            .chunks(64)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap())
+            .collect();
+        let mut tee = TeeBody::new(frames(&parts), Sink::List(scope()), writer.clone());
+        let mut received = Vec::new();
+        while let Some(chunk) = next_frame(&mut tee).await {
+            received.extend_from_slice(&chunk);
+            if received.len() > 400 {
+                assert!(tee.done, "given up within the big item");
+            }
+        }
+        assert_eq!(received, list.as_bytes());
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        assert!(store.list(&scope()).unwrap().is_none(), "not cached");
+        wait_for(|| store.health().missed_scopes == 1);
+    }
 }

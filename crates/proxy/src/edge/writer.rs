@@ -1108,7 +1108,7 @@ mod tests {
         Scope::unfiltered("kubelet", &pods(), None)
     }
 
-    fn apply_all(store: &MemStore, ops: Vec<CacheOp>) -> Vec<&'static str> {
+    fn apply_all(store: &dyn Store, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         ops.into_iter()
             .flat_map(|op| apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES))
@@ -1585,5 +1585,140 @@ mod tests {
         let list = store.list(&scope()).unwrap().unwrap();
         assert_eq!(list.resource_version.as_str(), "14");
         assert_eq!(list.items.len(), 1);
+    }
+
+    /// An upstream answer for another object than the one asked for is not cached: another
+    /// kind on the path (a Secret for a ConfigMap), another name or namespace, another list.
+    #[test]
+    fn an_answer_for_another_object_is_not_cached() {
+        let store = MemStore::new();
+        let configmaps = Gvr::new("", "v1", "configmaps");
+        let key = ObjectKey::new("kubelet", &configmaps, "d", "a");
+        let object = |kind: &str, ns: &str, name: &str| -> Chunks {
+            Bytes::from(format!(
+                r#"{{"kind":"{kind}","apiVersion":"v1","metadata":{{"name":"{name}","namespace":"{ns}","resourceVersion":"3"}}}}"#
+            ))
+            .into()
+        };
+        let cm_scope = Scope::unfiltered("kubelet", &configmaps, None);
+        let secret_list = r#"{"kind":"SecretList","apiVersion":"v1","metadata":{"resourceVersion":"4"},"items":[{"metadata":{"name":"s","namespace":"d","resourceVersion":"3"}}]}"#;
+        let secret_event = r#"{"type":"ADDED","object":{"kind":"Secret","apiVersion":"v1","metadata":{"name":"s","namespace":"d","resourceVersion":"5"}}}"#;
+        let outcomes = apply_all(
+            &store,
+            vec![
+                CacheOp::Object {
+                    key: key.clone(),
+                    body: object("Secret", "d", "a"),
+                },
+                CacheOp::Object {
+                    key: key.clone(),
+                    body: object("ConfigMap", "d", "b"),
+                },
+                CacheOp::Object {
+                    key: key.clone(),
+                    body: object("ConfigMap", "e", "a"),
+                },
+                CacheOp::List {
+                    scope: cm_scope.clone(),
+                    body: Bytes::from_static(secret_list.as_bytes()).into(),
+                },
+                CacheOp::Events {
+                    scope: scope(),
+                    lines: vec![Bytes::from_static(secret_event.as_bytes())],
+                },
+                CacheOp::Object {
+                    key: key.clone(),
+                    body: object("ConfigMap", "d", "a"),
+                },
+            ],
+        );
+        assert_eq!(
+            outcomes,
+            [
+                "mismatch", "mismatch", "mismatch", "mismatch", "mismatch", "stored"
+            ]
+        );
+        assert_eq!(store.objects("kubelet", &configmaps).unwrap().len(), 1);
+        assert!(store.list(&cm_scope).unwrap().is_none());
+    }
+
+    /// Polls (bounded) until `scope`'s missed-events mark is `marked`.
+    async fn until_marked(store: &MemStore, scope: &Scope, marked: bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let is_marked = || {
+            store
+                .list(scope)
+                .unwrap()
+                .is_some_and(|l| l.missed.is_some())
+        };
+        while is_marked() != marked {
+            assert!(Instant::now() < deadline, "never marked={marked}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A mark made after a LIST was queued outlives that LIST (the events it stands for came
+    /// after it); a LIST queued after the mark clears it.
+    #[tokio::test]
+    async fn only_a_list_queued_after_a_mark_clears_it() {
+        let store = Arc::new(MemStore::new());
+        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
+        let list = || CacheOp::List {
+            scope: scope(),
+            body: Bytes::from_static(LIST.as_bytes()).into(),
+        };
+        assert!(writer.submit(list()).is_some());
+        writer.mark_missed(&scope(), Missed::QueueFull);
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        until_marked(&store, &scope(), true).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        until_marked(&store, &scope(), true).await;
+        assert!(writer.submit(list()).is_some());
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        until_marked(&store, &scope(), false).await;
+    }
+
+    /// Under the free-space floor, events the store refuses mark their scope, counted.
+    #[tokio::test]
+    async fn events_refused_for_want_of_space_mark_their_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = outpost_cache::SledStore::open(dir.path(), Default::default()).unwrap();
+            let applied = apply_all(
+                &store,
+                vec![CacheOp::List {
+                    scope: scope(),
+                    body: Bytes::from_static(LIST.as_bytes()).into(),
+                }],
+            );
+            assert_eq!(applied, ["replaced"]);
+        }
+        let floored = outpost_cache::SledOptions {
+            min_free_bytes: Some(u64::MAX),
+            ..Default::default()
+        };
+        let store = Arc::new(outpost_cache::SledStore::open(dir.path(), floored).unwrap());
+        let metrics = Metrics::new();
+        let writer = Writer::start(store.clone(), metrics.clone(), false).unwrap();
+        let added = r#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b","namespace":"d","resourceVersion":"11"}}}"#;
+        assert!(
+            writer
+                .submit(CacheOp::Events {
+                    scope: scope(),
+                    lines: vec![Bytes::from_static(added.as_bytes())],
+                })
+                .is_some()
+        );
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(list.items.len(), 1, "b was not written");
+        assert!(list.missed.is_some_and(|why| why.contains("floor")));
+        let count = |family: &prometheus::IntCounterVec, labels: &[&str]| {
+            family.with_label_values(labels).get()
+        };
+        assert_eq!(count(&metrics.cache_writes, &["event", "no_space"]), 1);
+        assert_eq!(count(&metrics.cache_missed, &["no_space"]), 1);
+        assert_eq!(metrics.cache_missed_scopes.get(), 1);
+        assert_eq!(metrics.cache_degraded.get(), 1);
     }
 }
