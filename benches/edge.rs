@@ -29,6 +29,8 @@
 //!   writer and sled threads, when the cache held every event, and how many memory trims each
 //!   hub ran during those rounds.
 //!
+//! What holding ADDED/DELETED until they are on disk costs per event is `deleted_event.rs`'s.
+//!
 //! The printed extras run even when a criterion filter skips their group.
 //! Writing one watch event into the cache on its own (`Store::apply_event`) is benched in
 //! `crates/cache/benches/store.rs` (`apply_event/modified_pod/sled`), not repeated here.
@@ -44,12 +46,11 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use outpost_benches::{
-    Fetched, HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
-    kubelet_request, median, micros, node_pods_path, percentile, plain_client, pod_path, seed_pods,
-    threads_cpu,
+    Fetched, HubThread, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
+    kubelet_request, median, micros, node_pods_path, node_scope, percentile, plain_client,
+    pod_path, seed_pods, threads_cpu,
 };
-use outpost_cache::{Gvr, Scope, SledStore, Store};
-use outpost_core::selector::{FieldSelector, LabelSelector};
+use outpost_cache::{SledStore, Store};
 use outpost_testkit::FakeConfig;
 use serde_json::{Value, json};
 
@@ -859,18 +860,6 @@ fn report(mode: Mode, [on, off]: [Summary; 2]) {
         (on.delivered.as_secs_f64() / off.delivered.as_secs_f64() - 1.0) * 100.0,
         (on.hub_cpu + on.cache_cpu).as_secs_f64() / (off.hub_cpu + off.cache_cpu).as_secs_f64(),
     );
-}
-
-/// kubelet's pod scope in the cache.
-fn node_scope() -> Scope {
-    let fields = FieldSelector::parse(&format!("spec.nodeName={NODE}")).expect("selector");
-    Scope::new(
-        "kubelet",
-        &Gvr::new("", "v1", "pods"),
-        None,
-        LabelSelector::default(),
-        fields,
-    )
 }
 
 criterion_group!(benches, offline_reads, watch_throughput);

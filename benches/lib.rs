@@ -17,8 +17,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
-use outpost_cache::{SledOptions, SledStore};
+use outpost_cache::{Gvr, Scope, SledOptions, SledStore};
 use outpost_certs::UpstreamTls;
+use outpost_core::selector::{FieldSelector, LabelSelector};
 use outpost_proxy::edge::CacheAgents;
 use outpost_proxy::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_testkit::{FakeApiServer, FakeConfig};
@@ -360,6 +361,18 @@ pub fn seed_pods(fake: &FakeApiServer, on_node: usize, elsewhere: usize) -> Vec<
 /// `&watch=true`, its pod WATCH).
 pub fn node_pods_path() -> String {
     format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}")
+}
+
+/// kubelet's pod scope in the cache: what [`node_pods_path`] lists and watches.
+pub fn node_scope() -> Scope {
+    let fields = FieldSelector::parse(&format!("spec.nodeName={NODE}")).expect("selector");
+    Scope::new(
+        "kubelet",
+        &Gvr::new("", "v1", "pods"),
+        None,
+        LabelSelector::default(),
+        fields,
+    )
 }
 
 /// `/api/v1/namespaces/<ns>/pods/<name>` of a stored pod.

@@ -10,7 +10,10 @@
 //!   `engine::write` (update rules), `engine::read` (which scope answers a query),
 //!   `engine::document` (named documents), `engine::maintain` (verify, stats).
 //! - `keys` / `record`: the on-disk key layout and checksummed values (documented there).
-//! - [`sled_store`]: directory layout, flush policy, crash safety, compaction.
+//! - [`sled_store`]: directory layout, flush policy, crash safety, compaction, the free-space
+//!   floor, and what happens after a failed write or damage.
+//! - `engine::missed`: scopes known to have missed watch events ([`Store::mark_missed`]).
+//! - `guard`: sled's panics turned into [`CacheError::Damaged`].
 //!
 //! # Threading
 //! Every method blocks: sled does disk I/O and the store serializes writers behind a lock. Call
@@ -60,7 +63,9 @@ pub trait Store: Send + Sync {
     /// Atomically replaces a scope with a LIST result: `items` are the list's items, each the
     /// upstream bytes of one object. Members missing from `items` leave the scope (and are
     /// deleted if nothing else holds them), the scope's RV becomes `list_rv`, and its watch log
-    /// restarts at `list_rv`. All or nothing: one unparseable item fails the whole call.
+    /// restarts at `list_rv`. All or nothing: one unparseable item fails the whole call. A list
+    /// older than the scope's RV is refused, nothing written
+    /// ([`ReplaceOutcome::refused_older_than`]; see `engine::write`).
     fn replace_scope(
         &self,
         scope: &Scope,

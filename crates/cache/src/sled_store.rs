@@ -439,45 +439,67 @@ struct SpaceState {
     free: Option<u64>,
     /// Bytes handed to the store since.
     written: u64,
-    /// The last check found the file system under the floor.
+    /// The last reading found the file system under the floor.
     low: bool,
 }
 
 impl SpaceFloor {
-    /// `Ok` if a write of `incoming` bytes may go ahead.
+    /// `Ok` if a write of `incoming` bytes may go ahead: the file system is above the floor and
+    /// stays above it after the write (times sled's write amplification).
     fn check(&self, root: &Path, incoming: u64) -> Result<(), CacheError> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let due = state
-            .checked
-            .is_none_or(|t| t.elapsed() >= SPACE_CHECK_EVERY)
-            || state.written >= SPACE_CHECK_BYTES;
-        if due {
-            state.free = free_bytes(root);
-            state.checked = Some(Instant::now());
-            state.written = 0;
-        }
+        self.refresh(&mut state, root);
         state.written += incoming;
         let Some(free) = state.free else {
             // Unknown free space must not stop the cache: sled's own errors still count.
             return Ok(());
         };
-        let low = free.saturating_sub(incoming.saturating_mul(WRITE_AMPLIFICATION)) < self.floor;
-        if low != state.low {
-            state.low = low;
-            if low {
-                warn!(path = %root.display(), free_mib = free >> 20, floor_mib = self.floor >> 20, "cache file system under its free-space floor; not caching until space is freed");
-            } else {
-                info!(path = %root.display(), free_mib = free >> 20, "cache file system above its free-space floor again; caching resumes");
-            }
-        }
-        if low {
-            return Err(CacheError::LowSpace {
-                path: root.to_owned(),
-                free,
-                floor: self.floor,
-            });
+        if free.saturating_sub(incoming.saturating_mul(WRITE_AMPLIFICATION)) < self.floor {
+            return Err(self.error(root, free));
         }
         Ok(())
+    }
+
+    /// The error to report while the file system is under the floor (as of a check at most
+    /// [`SPACE_CHECK_EVERY`] old), if it is.
+    fn low(&self, root: &Path) -> Option<CacheError> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        self.refresh(&mut state, root);
+        let free = state.free.filter(|_| state.low)?;
+        Some(self.error(root, free))
+    }
+
+    /// Reads free space again when the last reading is stale (by time or bytes written since),
+    /// logging when the file system crosses the floor.
+    fn refresh(&self, state: &mut SpaceState, root: &Path) {
+        let due = state
+            .checked
+            .is_none_or(|t| t.elapsed() >= SPACE_CHECK_EVERY)
+            || state.written >= SPACE_CHECK_BYTES;
+        if !due {
+            return;
+        }
+        state.free = free_bytes(root);
+        state.checked = Some(Instant::now());
+        state.written = 0;
+        let low = state.free.is_some_and(|free| free < self.floor);
+        if low != state.low {
+            state.low = low;
+            let free_mib = state.free.unwrap_or(0) >> 20;
+            if low {
+                warn!(path = %root.display(), free_mib, floor_mib = self.floor >> 20, "cache file system under its free-space floor; not caching until space is freed");
+            } else {
+                info!(path = %root.display(), free_mib, "cache file system above its free-space floor again; caching resumes");
+            }
+        }
+    }
+
+    fn error(&self, root: &Path, free: u64) -> CacheError {
+        CacheError::LowSpace {
+            path: root.to_owned(),
+            free,
+            floor: self.floor,
+        }
     }
 
     /// Whether the file system has room for `bytes` more above the floor (a compaction's copy).
@@ -1015,8 +1037,15 @@ impl Store for SledStore {
         self.guarded(|| self.engine.stats())
     }
 
+    /// Degraded, too, while the file system is under the free-space floor: nothing is cached
+    /// then, even if the last write that got through (a deletion) succeeded.
     fn health(&self) -> Health {
-        self.engine.health()
+        let mut health = self.engine.health();
+        if let Some(low) = self.space.as_ref().and_then(|s| s.low(&self.root)) {
+            health.degraded = true;
+            health.last_error = Some(low.to_string());
+        }
+        health
     }
 
     fn mark_missed(&self, scope: &ScopeId, reason: &str) -> Result<bool, CacheError> {

@@ -7,6 +7,9 @@
 //! [`WriteBatch`] from what they read, and commit it atomically, so planning never races
 //! another writer. Readers share it and so see whole writes only (a LIST is a consistent
 //! snapshot). Corrupt entries found by readers are quarantined afterwards under the write lock.
+//! Every call registers itself ([`Engine::busy`]) before it waits for the lock, so a call stuck
+//! behind a stuck one shows in [`Health::busy_for`] too. [`missed`] keeps its own lock: marks
+//! are written even while the database is stuck.
 
 pub(crate) mod document;
 pub(crate) mod maintain;

@@ -242,7 +242,7 @@ impl Writer {
         check_every: Duration,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = sync_channel(QUEUE_DEPTH);
-        metrics.cache_degraded.set(i64::from(volatile));
+        report_health(store.as_ref(), &metrics, volatile);
         let shared = Arc::new(Shared {
             queued: Mutex::new(0),
             applied: tokio::sync::watch::Sender::new(0),
@@ -500,7 +500,11 @@ fn run(
             Some(entry) => entry,
             None => match rx.recv_timeout(priority.check_every) {
                 Ok(entry) => *entry,
-                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    // Idle: the store's state can still change (space freed, a mark cleared).
+                    report_health(store, metrics, volatile);
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => break,
             },
         };
@@ -526,13 +530,19 @@ fn run(
             record(metrics, label, outcome);
         }
         shared.applied.send_replace(ticket);
-        metrics
-            .cache_degraded
-            .set(i64::from(volatile || store.health().degraded));
+        report_health(store, metrics, volatile);
     }
     if let Err(e) = store.flush() {
         warn!(error = %e, "final cache flush failed");
     }
+}
+
+fn report_health(store: &dyn Store, metrics: &Metrics, volatile: bool) {
+    let health = store.health();
+    metrics
+        .cache_degraded
+        .set(i64::from(volatile || health.degraded));
+    metrics.cache_missed_scopes.set(health.missed_scopes as i64);
 }
 
 /// What a LIST or watch events did to their scope's missed-events mark: a LIST that replaced
