@@ -1022,11 +1022,13 @@ impl Store for SledStore {
     }
 
     fn delete_document(&self, name: &str) -> Result<(), CacheError> {
-        self.after_write(self.engine.delete_document(name), 0, false)
+        self.writing(0, false, || {
+            self.after_write(self.engine.delete_document(name), 0, false)
+        })
     }
 
     fn documents(&self, prefix: &str) -> Result<Vec<(String, bytes::Bytes)>, CacheError> {
-        self.engine.documents(prefix)
+        self.guarded(|| self.engine.documents(prefix))
     }
 
     fn verify(&self) -> Result<VerifyReport, CacheError> {

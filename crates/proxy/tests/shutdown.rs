@@ -129,10 +129,12 @@ impl Store for TestStore {
         self.inner.get_document(name)
     }
     fn delete_document(&self, name: &str) -> Result<(), CacheError> {
-        self.0.delete_document(name)
+        self.pass();
+        self.inner.delete_document(name)
     }
     fn documents(&self, prefix: &str) -> Result<Vec<(String, Bytes)>, CacheError> {
-        self.0.documents(prefix)
+        self.pass();
+        self.inner.documents(prefix)
     }
     fn verify(&self) -> Result<VerifyReport, CacheError> {
         self.pass();
