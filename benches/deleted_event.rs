@@ -19,17 +19,14 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use http_body::Body;
 use http_body_util::BodyExt;
 use outpost_benches::{
-    HubThread, SledCache, Upstream, bench_runtime, kubelet_get, kubelet_request, micros,
-    node_pods_path, node_scope, percentile, plain_client, seed_pods,
+    HubPair, Upstream, bench_runtime, kubelet_get, kubelet_request, micros, node_pods_path,
+    node_scope, percentile, plain_client, seed_pods,
 };
-use outpost_cache::Store;
 use outpost_testkit::FakeConfig;
 
 const ON_NODE: usize = 110;
 /// Worker threads of the hub's runtime.
 const HUB_WORKERS: usize = 1;
-const HUB_ON: &str = "hub-cache-on";
-const HUB_OFF: &str = "hub-cache-off";
 const STALL: Duration = Duration::from_secs(60);
 
 /// Reads a watch body until a line carries both `kind` (`"type":"DELETED"`) and `name`;
@@ -70,13 +67,7 @@ fn deleted_event_delivery(c: &mut Criterion) {
     let upstream = rt.block_on(Upstream::start(FakeConfig::default()));
     let pods = seed_pods(&upstream.fake, ON_NODE, 0);
     let dir = tempfile::tempdir().expect("tempdir");
-    let cache = SledCache::open(dir.path());
-    let on = HubThread::start(
-        upstream.hub_config(Some(cache.edge_config())),
-        HUB_ON,
-        HUB_WORKERS,
-    );
-    let off = HubThread::start(upstream.hub_config(None), HUB_OFF, HUB_WORKERS);
+    let HubPair { cache, on, off } = HubPair::start(&upstream, dir.path(), HUB_WORKERS);
     let client = plain_client();
     let fake = &upstream.fake;
     let mut watches = rt.block_on(async {
@@ -95,14 +86,7 @@ fn deleted_event_delivery(c: &mut Criterion) {
         }
         watches
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cache.store.list(&node_scope()).expect("list").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the LIST never reached the cache"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cache.until_listed(&node_scope());
     let victim = pods[0].clone();
     let name = victim["metadata"]["name"]
         .as_str()

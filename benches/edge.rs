@@ -46,9 +46,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use outpost_benches::{
-    Fetched, HubThread, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
-    kubelet_request, median, micros, node_pods_path, node_scope, percentile, plain_client,
-    pod_path, seed_pods, threads_cpu,
+    Fetched, HUB_OFF, HUB_ON, HubPair, HubThread, SledCache, Upstream, bench_runtime,
+    cache_threads_cpu, kubelet_get, kubelet_request, median, micros, node_pods_path, node_scope,
+    percentile, plain_client, pod_path, seed_pods, threads_cpu,
 };
 use outpost_cache::{SledStore, Store};
 use outpost_testkit::FakeConfig;
@@ -63,8 +63,6 @@ const HUB_WORKERS: usize = 1;
 /// Thread names (Linux keeps 15 bytes), for per-thread CPU accounting.
 const OFFLINE_HUB: &str = "hub-offline";
 const BARE: &str = "bare-server";
-const HUB_ON: &str = "hub-cache-on";
-const HUB_OFF: &str = "hub-cache-off";
 
 /// Timed offline LISTs for the percentiles, after untimed warm-up ones.
 const LIST_SAMPLES: usize = 2_000;
@@ -724,13 +722,7 @@ fn watch_throughput(c: &mut Criterion) {
     }));
     let pods = seed_pods(&upstream.fake, ON_NODE, ELSEWHERE);
     let dir = tempfile::tempdir().expect("tempdir");
-    let cache = SledCache::open(dir.path());
-    let on = HubThread::start(
-        upstream.hub_config(Some(cache.edge_config())),
-        HUB_ON,
-        HUB_WORKERS,
-    );
-    let off = HubThread::start(upstream.hub_config(None), HUB_OFF, HUB_WORKERS);
+    let HubPair { cache, on, off } = HubPair::start(&upstream, dir.path(), HUB_WORKERS);
     let metrics = on.metrics_uri();
     let client = plain_client();
 
@@ -743,14 +735,7 @@ fn watch_throughput(c: &mut Criterion) {
             assert_eq!(items(&list), ON_NODE);
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cache.store.list(&node_scope()).expect("list").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the LIST never reached the cache"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    cache.until_listed(&node_scope());
 
     let mut bench = WatchBench {
         rt,

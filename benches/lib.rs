@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
-use outpost_cache::{Gvr, Scope, SledOptions, SledStore};
+use outpost_cache::{Gvr, Scope, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
 use outpost_core::selector::{FieldSelector, LabelSelector};
 use outpost_proxy::edge::CacheAgents;
@@ -140,12 +140,51 @@ impl SledCache {
         }
     }
 
+    /// Waits (bounded) until the store holds a list of `scope` (the writer applies LISTs
+    /// asynchronously).
+    pub fn until_listed(&self, scope: &Scope) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.store.list(scope).expect("list").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the LIST never reached the cache"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits (bounded) until the hub's cache writer thread has let go of the store, i.e. ended.
     pub fn wait_released(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Arc::strong_count(&self.store) > 1 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// Thread names of a [`HubPair`]'s hubs.
+pub const HUB_ON: &str = "hub-cache-on";
+pub const HUB_OFF: &str = "hub-cache-off";
+
+/// The same hub twice in front of one upstream, each on its own runtime: in edge mode over a
+/// sled cache ([`HUB_ON`]'s threads), and in cloud mode, without a cache ([`HUB_OFF`]'s).
+pub struct HubPair {
+    pub cache: SledCache,
+    pub on: HubThread,
+    pub off: HubThread,
+}
+
+impl HubPair {
+    /// The cache lives in `dir`; each hub's runtime has `workers` worker threads.
+    pub fn start(upstream: &Upstream, dir: &Path, workers: usize) -> HubPair {
+        let cache = SledCache::open(dir);
+        let on = HubThread::start(
+            upstream.hub_config(Some(cache.edge_config())),
+            HUB_ON,
+            workers,
+        );
+        let off = HubThread::start(upstream.hub_config(None), HUB_OFF, workers);
+        HubPair { cache, on, off }
     }
 }
 

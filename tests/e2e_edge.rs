@@ -12,22 +12,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use support::{
-    Cluster, HubProcess, KUBELET_UA, NODE, assert_ok, ends_without_changes, eventually, get,
-    hub_kubeconfig, kube_client, kubectl, kubelet_get, metrics_text, pod, raw_http, sample,
-    served_from_cache, stdout, until_cached, until_durable, wait_online,
+    Cluster, HubProcess, KUBELET_UA, NODE, assert_ok, cluster_with_pods, ends_without_changes,
+    eventually, get, hub_kubeconfig, kube_client, kubectl, kubelet_get, metrics_text, pod,
+    raw_http, sample, served_from_cache, stdout, until_cached, until_durable, wait_online,
 };
-
-/// A fake cluster with these pods (app=web) bound to the node.
-async fn cluster_with_pods(names: &[&str]) -> Cluster {
-    let cluster = Cluster::start().await;
-    for name in names {
-        cluster
-            .fake
-            .create("v1/pods", pod(name, NODE, "web"))
-            .unwrap();
-    }
-    cluster
-}
 
 fn names(list: &Value) -> Vec<String> {
     list["items"]

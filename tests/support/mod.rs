@@ -640,9 +640,18 @@ pub fn served_from_cache(resp: &RawResponse) -> bool {
 
 /// Polls until the hub answers `path` from its cache (the writer applies asynchronously).
 pub async fn until_cached(hub: &HubProcess, path: &str) -> RawResponse {
+    until_cached_by(hub, path, || kubelet_get(hub.proxy, path)).await
+}
+
+/// [`until_cached`], asking with `fetch` (another client's request for `path`).
+pub async fn until_cached_by<F, Fut>(hub: &HubProcess, path: &str, fetch: F) -> RawResponse
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = RawResponse>,
+{
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let resp = kubelet_get(hub.proxy, path).await;
+        let resp = fetch().await;
         if resp.status == 200 && served_from_cache(&resp) {
             return resp;
         }
@@ -693,4 +702,16 @@ pub async fn wait_online(hub: &HubProcess) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A fake cluster with these pods (app=web) bound to the node.
+pub async fn cluster_with_pods(names: &[&str]) -> Cluster {
+    let cluster = Cluster::start().await;
+    for name in names {
+        cluster
+            .fake
+            .create("v1/pods", pod(name, NODE, "web"))
+            .unwrap();
+    }
+    cluster
 }

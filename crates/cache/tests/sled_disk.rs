@@ -552,6 +552,17 @@ fn damage(db_dir: &Path, variant: usize) -> &'static str {
 /// Real damage, as sled's files are left by a power cut: the store always opens (sled's panics
 /// and corruption errors are damage; the database is moved aside and a fresh one started), a
 /// full read never takes the process down, and the store takes writes afterwards.
+/// Each way of [`damage`] applied to a fresh copy of `template`, handed to `visit` (what was
+/// done, and the cache's root) until `visit` returns `true`; whether one did.
+fn each_damaged_copy(template: &Path, mut visit: impl FnMut(&'static str, &Path) -> bool) -> bool {
+    (0..12).any(|variant| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy_dir(template, dir.path());
+        let what = damage(&dir.path().join("db-0"), variant);
+        visit(what, dir.path())
+    })
+}
+
 #[test]
 fn a_damaged_database_never_stops_the_store() {
     let s = scope("kubelet", &pods(), None, "", "");
@@ -560,11 +571,8 @@ fn a_damaged_database_never_stops_the_store() {
     for _ in 0..3 {
         let template = tempfile::tempdir().expect("tempdir");
         busy_cache(template.path());
-        for variant in 0..12 {
-            let dir = tempfile::tempdir().expect("tempdir");
-            copy_dir(template.path(), dir.path());
-            let what = damage(&dir.path().join("db-0"), variant);
-            let store = SledStore::open(dir.path(), SledOptions::default())
+        each_damaged_copy(template.path(), |what, dir| {
+            let store = SledStore::open(dir, SledOptions::default())
                 .unwrap_or_else(|e| panic!("{what}: the store must open: {e}"));
             if let Some(aside) = store.moved_aside() {
                 assert!(aside.join("db-0").is_dir(), "{what}: kept for inspection");
@@ -581,10 +589,11 @@ fn a_damaged_database_never_stops_the_store() {
             let list = store.list(&s).expect("list").expect("cached");
             assert_eq!(list.resource_version.as_str(), "5000", "{what}");
             assert!(!store.health().degraded, "{what}: healthy again");
-            if store.active_db_dir() != dir.path().join("db-0") {
+            if store.active_db_dir() != dir.join("db-0") {
                 detected.push(what);
             }
-        }
+            false
+        });
         if !detected.is_empty() {
             eprintln!("damage detected and repaired for: {detected:?}");
             return;
@@ -603,28 +612,25 @@ fn damage_is_an_error_without_repair_and_moved_aside_with_it() {
     for _ in 0..3 {
         let template = tempfile::tempdir().expect("tempdir");
         busy_cache(template.path());
-        for variant in 0..12 {
-            let dir = tempfile::tempdir().expect("tempdir");
-            copy_dir(template.path(), dir.path());
-            let what = damage(&dir.path().join("db-0"), variant);
-            let Err(err) = SledStore::open(dir.path(), inspect.clone()) else {
-                continue;
+        let seen = each_damaged_copy(template.path(), |what, dir| {
+            let Err(err) = SledStore::open(dir, inspect.clone()) else {
+                return false;
             };
             assert!(err.is_damage(), "{what}: {err}");
-            assert!(
-                dir.path().join("db-0").is_dir(),
-                "left alone without repair"
-            );
-            let store = SledStore::open(dir.path(), SledOptions::default()).expect("repaired");
+            assert!(dir.join("db-0").is_dir(), "left alone without repair");
+            let store = SledStore::open(dir, SledOptions::default()).expect("repaired");
             let aside = store.moved_aside().expect("moved aside");
             assert!(
                 aside.join("db-0").join("conf").exists(),
                 "{what}: kept whole"
             );
             assert_eq!(
-                std::fs::read_to_string(dir.path().join("CURRENT")).expect("CURRENT"),
+                std::fs::read_to_string(dir.join("CURRENT")).expect("CURRENT"),
                 "db-1\n"
             );
+            true
+        });
+        if seen {
             return;
         }
     }

@@ -187,9 +187,7 @@ impl TeeBody {
     /// read buffer until the writer got to it, and hyper would allocate (and fault in) a fresh
     /// buffer for every read meanwhile, which costs more than copying the line.
     fn collect_lines(&mut self, data: &Bytes) -> Option<Ticket> {
-        let Some(scope) = self.sink.scope().cloned() else {
-            return None;
-        };
+        let scope = self.sink.scope().cloned()?;
         let line_limit = self.writer.max_object_bytes() + EVENT_ENVELOPE;
         self.framer.push(data.clone());
         let mut lines = Vec::new();
@@ -444,6 +442,7 @@ impl Body for TeeBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::edge::writer::DEFAULT_MAX_OBJECT_BYTES;
     use crate::metrics::Metrics;
     use http_body_util::{BodyExt, StreamBody};
     use outpost_cache::{Gvr, MemStore, Store};
@@ -468,6 +467,20 @@ mod tests {
             assert!(Instant::now() < deadline, "condition not met in time");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A writer over a store whose scope holds [`LIST`] (pod `a` at version 4).
+    async fn listed(max_object_bytes: usize) -> (Arc<MemStore>, Writer) {
+        let store = Arc::new(MemStore::new());
+        let writer =
+            Writer::start_with(store.clone(), Metrics::new(), false, max_object_bytes).unwrap();
+        let list = CacheOp::List {
+            scope: scope(),
+            body: Bytes::from_static(LIST).into(),
+        };
+        assert!(writer.submit(list).is_some());
+        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        (store, writer)
     }
 
     const LIST: &[u8] = br#"{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"5"},"items":[{"metadata":{"name":"a","namespace":"d","resourceVersion":"4"}}]}"#;
@@ -522,16 +535,7 @@ mod tests {
 
     #[tokio::test]
     async fn watch_events_are_applied_line_by_line() {
-        let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
-        assert!(
-            writer
-                .submit(CacheOp::List {
-                    scope: scope(),
-                    body: Bytes::from_static(LIST).into()
-                })
-                .is_some()
-        );
+        let (store, writer) = listed(DEFAULT_MAX_OBJECT_BYTES).await;
         let event = br#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b","namespace":"d","resourceVersion":"6"}}}
 "#;
         let (x, y) = event.split_at(30);
@@ -580,16 +584,7 @@ mod tests {
 
     /// Streams `lines` through a tee over a scope that already holds pod `a` at version 4.
     async fn streamed(lines: &[String], initial_events: bool) -> Vec<(String, String)> {
-        let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
-        assert!(
-            writer
-                .submit(CacheOp::List {
-                    scope: scope(),
-                    body: Bytes::from_static(LIST).into()
-                })
-                .is_some()
-        );
+        let (store, writer) = listed(DEFAULT_MAX_OBJECT_BYTES).await;
         let sink = Sink::Watch {
             scope: scope(),
             initial_events,
@@ -692,17 +687,7 @@ mod tests {
     /// moment, not some time later, the cache already agrees with what the client saw.
     #[tokio::test]
     async fn added_and_deleted_reach_the_client_once_the_cache_has_them() {
-        let store = Arc::new(MemStore::new());
-        let writer = Writer::start(store.clone(), Metrics::new(), false).unwrap();
-        assert!(
-            writer
-                .submit(CacheOp::List {
-                    scope: scope(),
-                    body: Bytes::from_static(LIST).into()
-                })
-                .is_some()
-        );
-        assert!(writer.caught_up(Duration::from_secs(5)).await);
+        let (store, writer) = listed(DEFAULT_MAX_OBJECT_BYTES).await;
         let lines = [
             pod_event("ADDED", "b", 6),
             pod_event("MODIFIED", "b", 7),
@@ -770,16 +755,7 @@ mod tests {
     /// marked as having missed it.
     #[tokio::test]
     async fn a_watch_event_over_the_limit_marks_its_scope() {
-        let store = Arc::new(MemStore::new());
-        let writer = Writer::start_with(store.clone(), Metrics::new(), false, 300).unwrap();
-        assert!(
-            writer
-                .submit(CacheOp::List {
-                    scope: scope(),
-                    body: Bytes::from_static(LIST).into()
-                })
-                .is_some()
-        );
+        let (store, writer) = listed(300).await;
         let big = format!(
             r#"{{"type":"MODIFIED","object":{{"kind":"Pod","apiVersion":"v1","metadata":{{"name":"a","namespace":"d","resourceVersion":"9","annotations":{{"x":"{}"}}}}}}}}"#,
             "y".repeat(400)
