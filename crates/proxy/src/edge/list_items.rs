@@ -1,7 +1,9 @@
 //! [`ItemSizes`]: follows a LIST body as it streams through the tee, to tell as soon as one of
 //! its `items` grows past the cache's object limit. A list holding such an item is not cached
 //! (a scope must never silently lack an item), so the tee stops copying it there instead of
-//! holding the whole body (tens of MB) until the writer finds out.
+//! holding the whole body (tens of MB) until the writer finds out. The tee starts the scan only
+//! once a body is larger than the limit (no item of a smaller one can be): a node's lists never
+//! pay for it.
 //!
 //! Only as much JSON as that takes is understood: strings (with escapes, so braces inside them
 //! do not count), nesting depth, and which top-level key an array belongs to. Anything the
@@ -12,29 +14,33 @@
 #[derive(Debug)]
 pub struct ItemSizes {
     limit: usize,
-    depth: u32,
     in_string: bool,
     escaped: bool,
-    /// The top-level key being read (its first bytes), and whether the last one was `items`.
+    /// Before `items`: the nesting depth, the top-level key being read (its first bytes), and
+    /// whether the last one was `items`.
+    depth: u32,
     key: Vec<u8>,
     after_items_key: bool,
     /// Inside the top-level `items` array.
     in_items: bool,
-    /// Bytes of the item being read, if one is.
-    item: Option<usize>,
+    /// Inside `items`: the depth of braces within the current item (0 between items), and the
+    /// item's bytes so far.
+    item_depth: u32,
+    item: usize,
 }
 
 impl ItemSizes {
     pub fn new(limit: usize) -> ItemSizes {
         ItemSizes {
             limit,
-            depth: 0,
             in_string: false,
             escaped: false,
+            depth: 0,
             key: Vec::new(),
             after_items_key: false,
             in_items: false,
-            item: None,
+            item_depth: 0,
+            item: 0,
         }
     }
 
@@ -42,20 +48,71 @@ impl ItemSizes {
     pub fn fits(&mut self, chunk: &[u8]) -> bool {
         let mut rest = chunk;
         while !rest.is_empty() {
-            let taken = if self.in_string {
-                self.string_bytes(rest)
-            } else {
-                self.structural(rest[0]);
-                1
+            if self.in_items {
+                return self.items_fit(rest);
+            }
+            let taken = match self.in_string {
+                true => self.string_bytes(rest),
+                false => {
+                    self.header_byte(rest[0]);
+                    1
+                }
             };
-            if let Some(n) = self.item.as_mut() {
-                *n += taken;
-                if *n > self.limit {
+            rest = &rest[taken..];
+        }
+        true
+    }
+
+    /// Inside `items`, byte by byte (the state kept in locals: most of a list is here). An item
+    /// is an object: brackets inside it do not change where it ends. Whatever follows the array
+    /// (`]}`, or a key kube-apiserver never writes after `items`) is read as items too, which
+    /// can only count more, for a small object.
+    fn items_fit(&mut self, bytes: &[u8]) -> bool {
+        let (mut in_string, mut escaped) = (self.in_string, self.escaped);
+        let (mut depth, mut item) = (self.item_depth, self.item);
+        let mut at = 0;
+        while at < bytes.len() {
+            let start = at;
+            if in_string && !escaped {
+                // The bulk of a list: skip to the string's end at memchr's pace.
+                match memchr::memchr2(b'"', b'\\', &bytes[at..]) {
+                    None => at = bytes.len(),
+                    Some(n) => {
+                        at += n + 1;
+                        match bytes[at - 1] {
+                            b'"' => in_string = false,
+                            _ => escaped = true,
+                        }
+                    }
+                }
+            } else {
+                let b = bytes[at];
+                at += 1;
+                if in_string {
+                    escaped = false;
+                } else {
+                    match b {
+                        b'"' => in_string = true,
+                        b'{' => {
+                            if depth == 0 {
+                                item = 0;
+                            }
+                            depth += 1;
+                        }
+                        b'}' => depth = depth.saturating_sub(1),
+                        _ => {}
+                    }
+                }
+            }
+            if depth > 0 {
+                item += at - start;
+                if item > self.limit {
                     return false;
                 }
             }
-            rest = &rest[taken..];
         }
+        (self.in_string, self.escaped) = (in_string, escaped);
+        (self.item_depth, self.item) = (depth, item);
         true
     }
 
@@ -74,7 +131,7 @@ impl ItemSizes {
             self.escaped = true;
         } else {
             self.in_string = false;
-            if self.depth == 1 {
+            if !self.in_items && self.depth == 1 {
                 self.after_items_key = self.key == b"items";
             }
         }
@@ -83,13 +140,14 @@ impl ItemSizes {
 
     /// Keeps the first bytes of a top-level key (enough to tell `items`).
     fn note_key(&mut self, bytes: &[u8]) {
-        if self.depth == 1 && self.key.len() <= 8 {
+        if !self.in_items && self.depth == 1 && self.key.len() <= 8 {
             let room = 9 - self.key.len();
             self.key.extend_from_slice(&bytes[..bytes.len().min(room)]);
         }
     }
 
-    fn structural(&mut self, byte: u8) {
+    /// Before `items` (kind, apiVersion, the list's metadata: a few hundred bytes).
+    fn header_byte(&mut self, byte: u8) {
         match byte {
             b'"' => {
                 self.in_string = true;
@@ -97,24 +155,9 @@ impl ItemSizes {
                     self.key.clear();
                 }
             }
-            b'{' | b'[' => {
-                if byte == b'[' && self.depth == 1 && self.after_items_key {
-                    self.in_items = true;
-                }
-                self.depth += 1;
-                if self.in_items && self.depth == 3 && self.item.is_none() {
-                    self.item = Some(0);
-                }
-            }
-            b'}' | b']' => {
-                self.depth = self.depth.saturating_sub(1);
-                if self.in_items && self.depth == 2 {
-                    self.item = None;
-                }
-                if self.depth <= 1 {
-                    self.in_items = false;
-                }
-            }
+            b'[' if self.depth == 1 && self.after_items_key => self.in_items = true,
+            b'{' | b'[' => self.depth += 1,
+            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
             b',' if self.depth == 1 => self.after_items_key = false,
             _ => {}
         }

@@ -102,7 +102,7 @@ pub struct TeeBody {
     done: bool,
     /// A frame held back until the cache has what it carries.
     held: Option<Held>,
-    /// A LIST's items, followed for their sizes.
+    /// A LIST's items, followed for their sizes once the body is past the object limit.
     items: Option<ItemSizes>,
 }
 
@@ -148,10 +148,8 @@ impl TeeBody {
             }
         )
         .then(Chunks::default);
-        let items =
-            matches!(sink, Sink::List(_)).then(|| ItemSizes::new(writer.max_object_bytes()));
         TeeBody {
-            items,
+            items: None,
             initial,
             inner,
             sink,
@@ -173,13 +171,34 @@ impl TeeBody {
             Sink::List(_) | Sink::Document { .. } => MAX_BODY,
             Sink::Watch { .. } => return self.collect_lines(data),
         };
-        let item_too_large = self.items.as_mut().is_some_and(|items| !items.fits(data));
-        if item_too_large || self.whole.byte_len() + data.len() > limit {
+        if self.whole.byte_len() + data.len() > limit {
             self.abandon(Some(Missed::TooLarge));
             return None;
         }
         self.whole.push(data.clone());
+        if !self.list_items_fit(data) {
+            self.abandon(Some(Missed::TooLarge));
+        }
         None
+    }
+
+    /// Whether a LIST's items still fit the object limit, `data` pushed. The scan starts once
+    /// the body is larger than the limit, over what came before too (see [`ItemSizes`]).
+    fn list_items_fit(&mut self, data: &Bytes) -> bool {
+        if !matches!(self.sink, Sink::List(_)) {
+            return true;
+        }
+        let limit = self.writer.max_object_bytes();
+        match &mut self.items {
+            Some(items) => items.fits(data),
+            None if self.whole.byte_len() <= limit => true,
+            None => {
+                let mut items = ItemSizes::new(limit);
+                let fits = self.whole.pieces().iter().all(|piece| items.fits(piece));
+                self.items = Some(items);
+                fits
+            }
+        }
     }
 
     /// A watch goes to the writer as the lines each chunk completes: one queued operation per

@@ -81,6 +81,10 @@ impl Chunks {
         self.len
     }
 
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.pieces
+    }
+
     pub fn into_pieces(self) -> Vec<Bytes> {
         self.pieces
     }
