@@ -577,9 +577,14 @@ fn a_damaged_database_never_stops_the_store() {
             if let Some(aside) = store.moved_aside() {
                 assert!(aside.join("db-0").is_dir(), "{what}: kept for inspection");
             }
-            // A full read: damage it meets is an error, never a panic.
-            let _ = store.verify();
-            let _ = store.list(&s);
+            // A full read: damage it meets is an error, never a panic, and the store says so.
+            let read = store.verify().map(drop).and(store.list(&s).map(drop));
+            if let Err(e) = read {
+                assert!(e.is_damage(), "{what}: {e}");
+                let health = store.health();
+                assert!(health.degraded, "{what}: damage found by a read degrades");
+                assert!(health.last_error.is_some_and(|why| why.contains("damaged")));
+            }
             store
                 .put_document("after", b"{}")
                 .unwrap_or_else(|e| panic!("{what}: the store must take writes: {e}"));
