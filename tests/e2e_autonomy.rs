@@ -441,6 +441,12 @@ async fn a_node_rebooted_offline_boots_its_pods_and_reports_back() {
         online.summary()
     );
     assert_eq!(
+        online.find("csinode create").map(|e| e.status),
+        Some(201),
+        "kubelet created its CSINode online:\n{}",
+        online.summary()
+    );
+    assert_eq!(
         slice_addresses(&kube_proxy_slices(&hub).await),
         [old_ip(0), old_ip(1), old_ip(2)]
     );
@@ -468,6 +474,12 @@ async fn a_node_rebooted_offline_boots_its_pods_and_reports_back() {
         offline.unusable().is_empty(),
         "offline:\n{}",
         offline.summary()
+    );
+    let csinode = offline.find("csinode").expect("kubelet's CSINode wait");
+    assert_eq!(
+        (csinode.status, offline.find("csinode create").is_none()),
+        (200, true),
+        "the CSINode kubelet created is known offline: no create that would fail"
     );
     let token = offline.find("token web-0").expect("a token request");
     assert_eq!(token.served_from.as_deref(), Some("edge-cache"));

@@ -118,7 +118,7 @@ impl Pipeline {
         let chain = route.filter.clone();
         // A body held for the filters may fail after the headers came: the cache may answer.
         let fallback = match (&route.cache, &chain) {
-            (Some(plan), Some(_)) if route.cache_may_answer => {
+            (Some(plan), Some(_)) if route.cache_may_answer && plan.answers_offline() => {
                 Some((plan.clone(), req.headers().clone()))
             }
             _ => None,
@@ -406,7 +406,8 @@ impl Pipeline {
             Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
             Ok(resp) => is_cloud_failure(resp.status()),
         };
-        if let (true, Some(plan)) = (fall_back, &route.cache) {
+        let readable = route.cache.as_ref().filter(|plan| plan.answers_offline());
+        if let (true, Some(plan)) = (fall_back, readable) {
             if !route.cache_may_answer {
                 return Err(ProxyError::Offline(
                     "the apiserver never accepted this bearer token, so the edge cache does not answer it"

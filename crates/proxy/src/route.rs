@@ -79,7 +79,7 @@ pub fn decide(
             .and_then(|a| a.classify(info, offline)),
         identity,
         tunnel,
-        local: cache.is_some() && offline,
+        local: cache.as_ref().is_some_and(CachePlan::answers_offline) && offline,
         cache,
         filter: if tunnel {
             None

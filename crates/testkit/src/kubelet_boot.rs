@@ -253,14 +253,30 @@ impl Replay<'_> {
         .await;
         self.list_and_watch("csidriver informer", "/apis/storage.k8s.io/v1/csidrivers?")
             .await;
-        self.send(
-            "csinode",
-            Method::GET,
-            &format!("/apis/storage.k8s.io/v1/csinodes/{node}?resourceVersion=0"),
-            None,
-            Expect::Codes(&[200, 404]),
-        )
-        .await;
+        let csinode = self
+            .send(
+                "csinode",
+                Method::GET,
+                &format!("/apis/storage.k8s.io/v1/csinodes/{node}?resourceVersion=0"),
+                None,
+                Expect::Codes(&[200, 404]),
+            )
+            .await;
+        if csinode.status == 404 {
+            // kubelet creates a missing CSINode; repeated failures make it exit.
+            let object = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": node, "annotations":
+                    {"storage.alpha.kubernetes.io/migrated-plugins": "kubernetes.io/aws-ebs"}},
+                "spec": {"drivers": []}});
+            self.send(
+                "csinode create",
+                Method::POST,
+                "/apis/storage.k8s.io/v1/csinodes",
+                Some(Body::Protobuf(object)),
+                Expect::Codes(&[201, 409]),
+            )
+            .await;
+        }
     }
 
     async fn registration_and_lease(&mut self) {

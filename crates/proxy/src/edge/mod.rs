@@ -162,8 +162,9 @@ impl Edge {
         }
     }
 
-    /// Copies a response into the cache as it streams to the client (2xx JSON only); a GET
-    /// answered 404 removes the object from the cache.
+    /// Copies a response into the cache as it streams to the client (2xx JSON only: an object,
+    /// a list, watch events, a discovery document, or the object a write left); a GET answered
+    /// 404 removes the object from the cache.
     pub fn tee(&self, plan: &CachePlan, resp: Response<ProxyBody>) -> Response<ProxyBody> {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
@@ -210,6 +211,7 @@ impl Edge {
                 scope: scope.clone(),
                 initial_events: *initial_events,
             },
+            CachePlan::Written { key } => Sink::Written(key.clone()),
             CachePlan::Discovery { .. } => unreachable!("handled above"),
         })
     }
@@ -265,6 +267,9 @@ impl Edge {
                 watch::serve(source, scope, info, online, timeout).await
             }
             CachePlan::Discovery { path } => offline::discovery(&self.store, &path, headers).await,
+            CachePlan::Written { .. } => Err(ProxyError::Offline(
+                "a write is never answered from the edge cache".into(),
+            )),
         }
     }
 }

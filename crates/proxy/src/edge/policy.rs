@@ -96,9 +96,18 @@ pub enum CachePlan {
     Watch { scope: Scope, initial_events: bool },
     /// A discovery document (`/version`, `/api`, `/apis/<g>/<v>`…), cached for any caller.
     Discovery { path: String },
+    /// A write (create, update, patch): the object the apiserver answers with is the cloud's
+    /// current one and is kept, as a GET's would be (a create's name comes from the answer:
+    /// `key.name` is empty). Never answered from the cache.
+    Written { key: ObjectKey },
 }
 
 impl CachePlan {
+    /// Whether the cache may answer this request when the cloud cannot (reads only).
+    pub fn answers_offline(&self) -> bool {
+        !matches!(self, CachePlan::Written { .. })
+    }
+
     /// The same plan in a caller's own partition of its component's cache (`coredns@<caller>`):
     /// callers of the secure port never read what the node's components, or other callers,
     /// cached under the same User-Agent (see [`crate::callers::SecureCaller::partition`]).
@@ -108,6 +117,10 @@ impl CachePlan {
             CachePlan::Object { mut key } => {
                 key.component = partitioned(&key.component);
                 CachePlan::Object { key }
+            }
+            CachePlan::Written { mut key } => {
+                key.component = partitioned(&key.component);
+                CachePlan::Written { key }
             }
             CachePlan::List { mut scope } => {
                 scope.component = partitioned(&scope.component);
@@ -175,6 +188,13 @@ impl CachePolicy {
         match info.verb {
             Verb::Get if info.subresource.is_empty() || info.subresource == "status" => {
                 Some(CachePlan::Object {
+                    key: ObjectKey::new(component, &gvr, object_namespace(info), &info.name),
+                })
+            }
+            Verb::Create | Verb::Update | Verb::Patch
+                if info.subresource.is_empty() || info.subresource == "status" =>
+            {
+                Some(CachePlan::Written {
                     key: ObjectKey::new(component, &gvr, object_namespace(info), &info.name),
                 })
             }
@@ -305,9 +325,34 @@ mod tests {
     }
 
     #[test]
+    fn a_write_keeps_the_object_it_leaves_and_is_never_answered_offline() {
+        let Some(plan @ CachePlan::Written { .. }) =
+            plan_for(Method::PUT, "/api/v1/nodes/edge-1", KUBELET)
+        else {
+            panic!("a write's answer is kept");
+        };
+        assert!(!plan.answers_offline());
+        let Some(CachePlan::Written { key }) =
+            plan_for(Method::POST, "/apis/storage.k8s.io/v1/csinodes", KUBELET)
+        else {
+            panic!("a create's answer is kept");
+        };
+        assert_eq!(key.name, "", "the answer names it");
+        assert!(plan_for(Method::DELETE, "/api/v1/nodes/edge-1", KUBELET).is_none());
+        assert!(
+            plan_for(
+                Method::POST,
+                "/api/v1/namespaces/d/serviceaccounts/sa/token",
+                KUBELET
+            )
+            .is_none(),
+            "a subresource other than status"
+        );
+    }
+
+    #[test]
     fn what_is_never_cached() {
-        // Writes, unknown components, reviews, CSRs, subresources other than status.
-        assert!(plan_for(Method::PUT, "/api/v1/nodes/edge-1", KUBELET).is_none());
+        // Unknown components, reviews, CSRs, subresources other than status.
         assert!(plan_for(Method::GET, "/api/v1/pods", "curl/8.0").is_none());
         assert!(
             plan_for(

@@ -64,22 +64,30 @@ const EVENT_ENVELOPE: usize = 64;
 #[derive(Debug, Clone)]
 pub enum Sink {
     Object(ObjectKey),
+    /// The object a write left (a create's `key.name` is empty: the answer names it).
+    Written(ObjectKey),
     List(Scope),
-    Watch { scope: Scope, initial_events: bool },
-    Document { name: String, content_type: String },
+    Watch {
+        scope: Scope,
+        initial_events: bool,
+    },
+    Document {
+        name: String,
+        content_type: String,
+    },
 }
 
 impl Sink {
     fn scope(&self) -> Option<&Scope> {
         match self {
             Sink::List(scope) | Sink::Watch { scope, .. } => Some(scope),
-            Sink::Object(_) | Sink::Document { .. } => None,
+            Sink::Object(_) | Sink::Written(_) | Sink::Document { .. } => None,
         }
     }
 
     fn label(&self) -> &'static str {
         match self {
-            Sink::Object(_) => "object",
+            Sink::Object(_) | Sink::Written(_) => "object",
             Sink::List(_) => "list",
             Sink::Watch { .. } => "event",
             Sink::Document { .. } => "document",
@@ -167,7 +175,7 @@ impl TeeBody {
             return None;
         }
         let limit = match &self.sink {
-            Sink::Object(_) => self.writer.max_object_bytes(),
+            Sink::Object(_) | Sink::Written(_) => self.writer.max_object_bytes(),
             Sink::List(_) | Sink::Document { .. } => MAX_BODY,
             Sink::Watch { .. } => return self.collect_lines(data),
         };
@@ -269,6 +277,7 @@ impl TeeBody {
         let body = std::mem::take(&mut self.whole);
         let op = match self.sink.clone() {
             Sink::Object(key) => CacheOp::Object { key, body },
+            Sink::Written(key) => CacheOp::Written { key, body },
             Sink::List(scope) => CacheOp::List { scope, body },
             Sink::Document { name, content_type } => CacheOp::Document {
                 name,

@@ -38,6 +38,9 @@ use crate::metrics::Metrics;
 pub enum CacheOp {
     /// A GET's 2xx body.
     Object { key: ObjectKey, body: Chunks },
+    /// The object a write (create, update, patch) left, as the apiserver answered it; a
+    /// create's `key.name` is empty (the answer names the object).
+    Written { key: ObjectKey, body: Chunks },
     /// A GET answered 404: the object no longer exists.
     Gone { key: ObjectKey },
     /// A complete LIST body: replaces the scope.
@@ -114,6 +117,7 @@ impl CacheOp {
             | CacheOp::Events { scope, .. }
             | CacheOp::InitialEvents { scope, .. } => Some(scope),
             CacheOp::Object { .. }
+            | CacheOp::Written { .. }
             | CacheOp::Gone { .. }
             | CacheOp::Document { .. }
             | CacheOp::Verbatim { .. } => None,
@@ -123,6 +127,7 @@ impl CacheOp {
     fn label(&self) -> &'static str {
         match self {
             CacheOp::Object { .. } => "object",
+            CacheOp::Written { .. } => "written",
             CacheOp::Gone { .. } => "gone",
             CacheOp::List { .. } => "list",
             CacheOp::Events { .. } => "event",
@@ -750,6 +755,7 @@ fn apply(
                 Ok(outcome)
             })
         }
+        CacheOp::Written { key, body } => apply_written(store, key, &body.joined(), kinds),
         CacheOp::Gone { key } => apply_gone(store, &key),
         CacheOp::List { scope, body } => {
             apply_list(store, &scope, &body.joined(), kinds, max_object)
@@ -778,6 +784,32 @@ fn apply(
             .map_err(ApplyError::from),
     };
     vec![applied]
+}
+
+/// The object a write left, kept as a GET's answer would be (a create's name read from it) —
+/// but only an object the component reads: one the cache holds, or whose absence it noted
+/// (kubelet's CSINode, created after its GET found none). The events a component writes and
+/// never reads are not kept.
+fn apply_written(
+    store: &dyn Store,
+    mut key: ObjectKey,
+    body: &[u8],
+    kinds: &mut HashMap<Gvr, KindInfo>,
+) -> Applied {
+    if key.name.is_empty() {
+        let head: ObjectHead<'_> = serde_json::from_slice(body)
+            .map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
+        key.name = head.metadata.name.into_owned();
+    }
+    let absent = offline::absence_document(&key);
+    let read_before = matches!(store.get(&key)?, outpost_cache::Lookup::Found(_))
+        || store.get_document(&absent)?.is_some();
+    if !read_before {
+        return Ok("not_read");
+    }
+    let outcome = apply_object(store, &key, body, kinds)?;
+    forget_absence(store, &key)?;
+    Ok(outcome)
 }
 
 /// A GET the cloud answered 404: the object goes, and its absence is noted, so that the cache
