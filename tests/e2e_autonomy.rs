@@ -475,6 +475,20 @@ async fn a_node_rebooted_offline_boots_its_pods_and_reports_back() {
         "offline:\n{}",
         offline.summary()
     );
+    // A status patch for another pod of the same name (its uid precondition) is a conflict.
+    let stale = support::kubelet_send(
+        hub.proxy,
+        "PATCH",
+        "/api/v1/namespaces/shop/pods/web-0/status",
+        &json!({"metadata": {"uid": "another-uid"}, "status": {"podIP": "10.9.9.9"}}),
+    )
+    .await;
+    assert_eq!(
+        stale.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&stale.body)
+    );
     let csinode = offline.find("csinode").expect("kubelet's CSINode wait");
     assert_eq!(
         (csinode.status, offline.find("csinode create").is_none()),
