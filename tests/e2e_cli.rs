@@ -587,6 +587,7 @@ async fn v1_token_rejoins_with_a_new_bootstrap_token() {
 }
 
 /// The README's first command: the demo runs an outage end to end and exits 0.
+#[cfg(feature = "demo")]
 #[test]
 fn the_demo_shows_an_outage_and_exits_0() {
     let out = run(&["demo".to_owned()]);

@@ -34,6 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start a bundled fake apiserver and the hub on loopback, and show a client working through it.
+    #[cfg(feature = "demo")]
     Demo,
     /// Switch this node's kubelet to Outpost (convert), or back (revert).
     Node {

@@ -6,6 +6,7 @@
 
 mod cache_cmd;
 mod cli;
+#[cfg(feature = "demo")]
 mod demo;
 mod private;
 mod run;
@@ -24,6 +25,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        #[cfg(feature = "demo")]
         Some(cli::Command::Demo) => demo::main(),
         Some(cli::Command::Node { command }) => node(*command),
         Some(cli::Command::Cache { command }) => {
