@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use outpost_core::selector::{FieldSelector, LabelSelector};
+use outpost_core::wire::{ObjectHead, ObjectMeta, PeekError};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -14,29 +15,6 @@ use crate::model::ResourceVersion;
 
 /// Names, namespaces, RVs and uids are length-prefixed with a u16 in records; real ones are tiny.
 const MAX_META_LEN: usize = u16::MAX as usize;
-
-#[derive(Deserialize)]
-struct Head {
-    /// Not read, but declared so that an object naming two kinds is rejected as malformed
-    /// (serde refuses a repeated field it knows).
-    #[serde(default)]
-    #[allow(dead_code)]
-    kind: Option<IgnoredAny>,
-    #[serde(default)]
-    metadata: HeadMeta,
-}
-
-#[derive(Deserialize, Default)]
-struct HeadMeta {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    namespace: String,
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
-    #[serde(default)]
-    uid: String,
-}
 
 /// The identity of an incoming object.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,13 +26,13 @@ pub(crate) struct Identity {
 }
 
 /// Parses (and so validates) the whole document while keeping only `metadata`'s identity.
-fn head(bytes: &[u8]) -> Result<HeadMeta, CacheError> {
-    let head: Head = serde_json::from_slice(bytes)
+fn head(bytes: &[u8]) -> Result<ObjectMeta<'_>, CacheError> {
+    let head = ObjectHead::parse(bytes)
         .map_err(|e| CacheError::InvalidObject(format!("not a JSON object: {e}")))?;
     checked_lengths(head.metadata)
 }
 
-fn checked_lengths(m: HeadMeta) -> Result<HeadMeta, CacheError> {
+fn checked_lengths(m: ObjectMeta<'_>) -> Result<ObjectMeta<'_>, CacheError> {
     let fields = [&m.name, &m.namespace, &m.resource_version, &m.uid];
     if fields.iter().any(|f| f.len() > MAX_META_LEN) {
         return Err(CacheError::InvalidObject(
@@ -69,132 +47,30 @@ pub(crate) fn identity(bytes: &[u8]) -> Result<Identity, CacheError> {
     identity_of(head(bytes)?)
 }
 
-fn identity_of(m: HeadMeta) -> Result<Identity, CacheError> {
+fn identity_of(m: ObjectMeta<'_>) -> Result<Identity, CacheError> {
     if m.name.is_empty() {
         return Err(CacheError::InvalidObject("metadata.name is missing".into()));
     }
     Ok(Identity {
-        namespace: m.namespace,
-        name: m.name,
+        namespace: m.namespace.into_owned(),
+        name: m.name.into_owned(),
         rv: ResourceVersion::new(&m.resource_version),
-        uid: m.uid,
+        uid: m.uid.into_owned(),
     })
 }
 
-/// The identity an object would be stored under, read only as deep as that needs: the read stops
-/// once `name`, `namespace`, `uid` and `resourceVersion` are all known (kube-apiserver writes
-/// them first in `metadata`) or at the end of `metadata`. Nothing after that point is looked at,
-/// so this says where an object goes, not whether it may be stored: [`identity`] decides that.
-/// A relist of unchanged objects needs only this and a byte comparison with what is stored.
+/// The identity an object would be stored under, read only as deep as that needs
+/// ([`ObjectMeta::peek`]), so this says where an object goes, not whether it may be stored:
+/// [`identity`] decides that. A relist of unchanged objects needs only this and a byte
+/// comparison with what is stored.
 pub(crate) fn identity_prefix(bytes: &[u8]) -> Result<Identity, CacheError> {
-    let mut found = Prefix::default();
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let read = de.deserialize_map(TopLevel(&mut found));
-    if !found.metadata_read {
-        return Err(CacheError::InvalidObject(match read {
-            Err(e) => format!("not a JSON object: {e}"),
-            Ok(()) => "metadata.name is missing".into(),
-        }));
-    }
-    identity_of(checked_lengths(found.meta)?)
-}
-
-/// What [`identity_prefix`] has read so far.
-#[derive(Default)]
-struct Prefix {
-    meta: HeadMeta,
-    /// Which of the four identity fields were seen (one bit each).
-    seen: u8,
-    metadata_read: bool,
-}
-
-const ALL_IDENTITY_FIELDS: u8 = 0b1111;
-
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "camelCase")]
-enum MetaKey {
-    Name,
-    Namespace,
-    Uid,
-    ResourceVersion,
-    #[serde(other)]
-    Other,
-}
-
-/// serde has no early return: a visitor that has what it needs stops the read with this error.
-fn stop<E: serde::de::Error>() -> E {
-    E::custom("identity read")
-}
-
-struct TopLevel<'p>(&'p mut Prefix);
-
-impl<'de> Visitor<'de> for TopLevel<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<TopKey>()? {
-            if key == TopKey::Metadata {
-                map.next_value_seed(MetaFields(&mut *self.0))?;
-                self.0.metadata_read = true;
-                return Err(stop());
-            }
-            map.next_value::<IgnoredAny>()?;
-        }
-        Ok(())
-    }
-}
-
-#[derive(Deserialize, PartialEq)]
-#[serde(field_identifier, rename_all = "camelCase")]
-enum TopKey {
-    Metadata,
-    #[serde(other)]
-    Other,
-}
-
-struct MetaFields<'p>(&'p mut Prefix);
-
-impl<'de> DeserializeSeed<'de> for MetaFields<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for MetaFields<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object's metadata")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let found = self.0;
-        while let Some(key) = map.next_key::<MetaKey>()? {
-            let (slot, bit) = match key {
-                MetaKey::Name => (&mut found.meta.name, 0b0001),
-                MetaKey::Namespace => (&mut found.meta.namespace, 0b0010),
-                MetaKey::Uid => (&mut found.meta.uid, 0b0100),
-                MetaKey::ResourceVersion => (&mut found.meta.resource_version, 0b1000),
-                MetaKey::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = map.next_value()?;
-            found.seen |= bit;
-            if found.seen == ALL_IDENTITY_FIELDS {
-                found.metadata_read = true;
-                return Err(stop());
-            }
-        }
-        Ok(())
-    }
+    let meta = ObjectMeta::peek(bytes).map_err(|e| {
+        CacheError::InvalidObject(match e {
+            PeekError::Json(e) => format!("not a JSON object: {e}"),
+            PeekError::NoMetadata => "metadata.name is missing".into(),
+        })
+    })?;
+    identity_of(checked_lengths(meta)?)
 }
 
 /// A BOOKMARK carries only `metadata.resourceVersion`.

@@ -5,7 +5,6 @@
 //! share one copy of each object.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -205,39 +204,9 @@ impl fmt::Display for ScopeId {
     }
 }
 
-/// A watch event type; upstream `ERROR` events are not cached and have no variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Added,
-    Modified,
-    Deleted,
-    Bookmark,
-}
-
-impl EventType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventType::Added => "ADDED",
-            EventType::Modified => "MODIFIED",
-            EventType::Deleted => "DELETED",
-            EventType::Bookmark => "BOOKMARK",
-        }
-    }
-}
-
-impl FromStr for EventType {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "ADDED" => Ok(EventType::Added),
-            "MODIFIED" => Ok(EventType::Modified),
-            "DELETED" => Ok(EventType::Deleted),
-            "BOOKMARK" => Ok(EventType::Bookmark),
-            other => Err(format!("not a cacheable watch event type: {other:?}")),
-        }
-    }
-}
+/// A watch event's type: the wire's own ([`outpost_core::wire::EventType`]). An `ERROR` event
+/// is never cached (the store refuses one).
+pub use outpost_core::wire::EventType;
 
 /// A logged watch event, replayed by [`Store::events_since`](crate::Store::events_since).
 #[derive(Debug, Clone, PartialEq)]

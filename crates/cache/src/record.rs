@@ -127,6 +127,8 @@ fn event_type_byte(t: EventType) -> u8 {
         EventType::Modified => b'M',
         EventType::Deleted => b'D',
         EventType::Bookmark => b'B',
+        // Never logged: the write path refuses an ERROR event before it gets here.
+        EventType::Error => b'E',
     }
 }
 

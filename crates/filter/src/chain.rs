@@ -9,9 +9,8 @@
 use std::fmt;
 
 use bytes::Bytes;
-use serde::Deserialize;
+use outpost_core::wire::{EventType, List, WatchEvent, split_event};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::filter::{Filter, Peek, Verdict};
 use crate::head::Head;
@@ -193,9 +192,10 @@ impl Chain {
 
     /// The rebuilt list, or `None` when every item is kept as is.
     fn list(&self, raw: &str, ctx: &FilterContext) -> Result<Option<String>, DecodeError> {
-        let list: ListShape<'_> = serde_json::from_str(raw)?;
+        let list = List::parse_str(raw)?;
         if list
             .kind
+            .as_deref()
             .is_some_and(|k| k.strip_suffix("List") != Some(self.kind))
         {
             return Ok(None);
@@ -219,15 +219,17 @@ impl Chain {
         if raw.trim().is_empty() {
             return Ok(None);
         }
-        // The common case, decided from the type and the object's head alone.
-        let (event_type, head) = Head::parse_event(raw, self.kind, self.reads_spec)?;
-        let settled = match event_type.as_deref() {
-            Some("ADDED" | "MODIFIED" | "DELETED") => self.peek(&head, ctx) == Peeked::Pass,
+        // The common case, kube-apiserver's layout, decided from the type and the object's head
+        // alone; anything else is read in full.
+        let event_type = EventType::of_line(raw.as_bytes());
+        if event_type.is_some_and(|t| !t.changes_an_object()) {
             // BOOKMARK, ERROR: not objects of the kind filtered.
-            Some(_) => true,
-            None => false,
-        };
-        if settled {
+            return Ok(None);
+        }
+        if let Some((_, object)) = split_event(raw)
+            && let Ok(head) = Head::parse_until(object, self.kind, self.reads_spec)
+            && self.peek(&head, ctx) == Peeked::Pass
+        {
             return Ok(None);
         }
         self.event_in_full(raw, ctx)
@@ -243,43 +245,35 @@ impl Chain {
         {
             return Ok(rebuild_event(raw, kind, object, rewrite));
         }
-        let event: EventShape<'_> = serde_json::from_str(raw)?;
-        let (Some(kind), Some(object)) = (event.type_, event.object) else {
+        let event = WatchEvent::parse_str(raw)?;
+        let (Ok(event_type), Ok(object)) = (event.event_type(), event.object()) else {
             return Ok(None);
         };
-        if !matches!(kind, "ADDED" | "MODIFIED" | "DELETED") {
+        if !event_type.changes_an_object() {
             return Ok(None);
         }
-        let rewrite = self.apply(object.get(), ctx)?;
-        Ok(rebuild_event(raw, kind, object.get(), rewrite))
+        let rewrite = self.apply(object, ctx)?;
+        Ok(rebuild_event(raw, event_type, object, rewrite))
     }
-}
-
-/// `{"type":"<T>","object":<object>}` (+ whitespace): the type and the object's text, for the
-/// three object-carrying types; `None` for any other shape.
-fn split_event(raw: &str) -> Option<(&str, &str)> {
-    let rest = raw.strip_prefix(r#"{"type":""#)?;
-    let (kind, rest) = rest.split_at(rest.find('"')?);
-    if !matches!(kind, "ADDED" | "MODIFIED" | "DELETED") {
-        return None;
-    }
-    let object = rest.strip_prefix(r#"","object":"#)?;
-    let object = object.trim_end().strip_suffix('}')?.trim_end();
-    (object.starts_with('{') && object.ends_with('}')).then_some((kind, object))
 }
 
 /// The event line after its object's rewrite, or `None` when it goes out as is.
-fn rebuild_event(raw: &str, kind: &str, object: &str, rewrite: Rewrite) -> Option<String> {
+fn rebuild_event(
+    raw: &str,
+    event_type: EventType,
+    object: &str,
+    rewrite: Rewrite,
+) -> Option<String> {
     match rewrite {
         Rewrite::Keep => None,
         Rewrite::Replace(new) => Some(splice(raw, object, &new)),
         // Deleted anyway; its last state needs no filtering.
-        Rewrite::Drop if kind == "DELETED" => None,
+        Rewrite::Drop if event_type == EventType::Deleted => None,
         Rewrite::Drop => {
             let newline = &raw[raw.trim_end().len()..];
-            Some(format!(
-                r#"{{"type":"DELETED","object":{object}}}{newline}"#
-            ))
+            let line = outpost_core::wire::event_line(EventType::Deleted, object.as_bytes());
+            let line = std::str::from_utf8(&line[..line.len() - 1]).expect("UTF-8 in, UTF-8 out");
+            Some(format!("{line}{newline}"))
         }
     }
 }
@@ -302,38 +296,10 @@ impl fmt::Debug for Chain {
     }
 }
 
-#[derive(Deserialize)]
-struct ListShape<'a> {
-    #[serde(borrow)]
-    kind: Option<&'a str>,
-    #[serde(borrow)]
-    items: Option<Vec<&'a RawValue>>,
-}
-
-#[derive(Deserialize)]
-struct EventShape<'a> {
-    #[serde(rename = "type", borrow)]
-    type_: Option<&'a str>,
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::filters::ServiceTopology;
-
-    #[test]
-    fn events_are_split_in_kube_apiservers_layout_only() {
-        let line = "{\"type\":\"MODIFIED\",\"object\":{\"metadata\":{\"name\":\"a\"}}}\n";
-        assert_eq!(
-            split_event(line),
-            Some(("MODIFIED", r#"{"metadata":{"name":"a"}}"#))
-        );
-        assert_eq!(split_event(r#"{"type":"BOOKMARK","object":{}}"#), None);
-        assert_eq!(split_event(r#"{"object":{},"type":"ADDED"}"#), None);
-        assert_eq!(split_event(r#"{"type":"ADDED","object":[]}"#), None);
-    }
 
     #[test]
     fn a_wrong_cut_falls_back_to_reading_the_event() {

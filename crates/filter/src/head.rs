@@ -61,29 +61,6 @@ impl<'a> Head<'a> {
         Ok(parts.into_head(raw, default_kind))
     }
 
-    /// The `type` of a watch event line and the head of its `object`, reading no further than
-    /// the object's head. The type is `None` when the line does not give it before the object
-    /// (kube-apiserver always does): the caller then reads the line in full.
-    pub(crate) fn parse_event(
-        line: &'a str,
-        default_kind: &'a str,
-        reads_spec: bool,
-    ) -> Result<(Option<Cow<'a, str>>, Head<'a>), DecodeError> {
-        let mut parts = Parts::default();
-        let mut event_type = None;
-        let mut de = serde_json::Deserializer::from_str(line);
-        let read = de.deserialize_map(EventVisitor {
-            event_type: &mut event_type,
-            parts: &mut parts,
-            reads_spec,
-        });
-        finish(read, &mut de, parts.complete)?;
-        Ok((
-            event_type.map(|t: Str<'a>| t.0),
-            parts.into_head(line, default_kind),
-        ))
-    }
-
     /// True for the object `namespace/name`.
     pub fn is(&self, namespace: &str, name: &str) -> bool {
         self.namespace == namespace && self.name == name
@@ -162,37 +139,6 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, 'de> {
             if self.parts.metadata.is_some() && (!self.reads_spec || self.parts.spec.is_some()) {
                 self.parts.complete = true;
                 return Err(de::Error::custom("head complete"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Reads a watch event's `type` and its object's head.
-struct EventVisitor<'p, 'a> {
-    event_type: &'p mut Option<Str<'a>>,
-    parts: &'p mut Parts<'a>,
-    reads_spec: bool,
-}
-
-impl<'de> Visitor<'de> for EventVisitor<'_, 'de> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a watch event")
-    }
-
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
-        while let Some(key) = map.next_key::<Str<'de>>()? {
-            match &*key.0 {
-                "type" => *self.event_type = map.next_value()?,
-                "object" => map.next_value_seed(ObjectSeed {
-                    parts: &mut *self.parts,
-                    reads_spec: self.reads_spec,
-                })?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
             }
         }
         Ok(())

@@ -12,7 +12,8 @@
 //! - [`filters`]: the seven filters, one file each, with their exact rules and tests.
 //! - [`context`]: [`FilterContext`], the side data (node, pool, hub address, Services, NodePools).
 //! - [`side`]: reading watched Services, NodePools and the Node into that context.
-//! - [`framing`]: splitting a watch body into event lines.
+//!
+//! The wire shapes (watch events, lists, line framing) are `outpost_core::wire`'s.
 //!
 //! The proxy's side, for one LIST:
 //!
@@ -44,7 +45,6 @@ pub mod config;
 pub mod context;
 pub mod filter;
 pub mod filters;
-pub mod framing;
 pub mod head;
 pub mod side;
 mod splice;
@@ -56,7 +56,6 @@ pub use chain::{Chain, Outcome};
 pub use config::{FilterConfig, FilterSet};
 pub use context::FilterContext;
 pub use filter::{Filter, Needs, Peek, Rule, Verdict};
-pub use framing::LineFramer;
 pub use head::{Head, Pairs};
 pub use splice::Rewrite;
 

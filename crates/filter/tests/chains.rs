@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 use outpost_core::Verb;
+use outpost_core::wire::LineFramer;
 use outpost_filter::side::{NodePoolEntry, ServiceEntry, resolve_pool_name};
-use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, LineFramer, Outcome};
+use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, Outcome};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 

@@ -296,7 +296,7 @@ impl Body for Deadline {
 /// cancel-safe.
 pub async fn next_line(
     body: &mut hyper::body::Incoming,
-    framer: &mut outpost_filter::LineFramer,
+    framer: &mut outpost_core::wire::LineFramer,
 ) -> Result<Option<Bytes>, hyper::Error> {
     loop {
         while let Some(line) = framer.next_line() {

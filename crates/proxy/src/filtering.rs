@@ -24,9 +24,10 @@ use http::{HeaderMap, Response, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use outpost_cache::Store;
+use outpost_core::wire::LineFramer;
 use outpost_core::{RequestInfo, Verb};
 use outpost_filter::side::{NodeBucketEntry, NodePoolEntry, ServiceEntry, resolve_pool_name};
-use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, LineFramer, Needs, Outcome};
+use outpost_filter::{Chain, FilterConfig, FilterContext, FilterSet, Needs, Outcome};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use outpost_cache::Store;
-use outpost_filter::LineFramer;
+use outpost_core::wire::{EventError, EventType, LineFramer, WatchEvent};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -56,13 +56,6 @@ struct ConfigMap {
 struct Meta {
     #[serde(default, rename = "resourceVersion")]
     resource_version: String,
-}
-
-#[derive(Deserialize)]
-struct WatchEvent {
-    #[serde(rename = "type")]
-    event_type: String,
-    object: serde_json::Value,
 }
 
 /// Whether the configuration has been read, for readiness.
@@ -177,18 +170,21 @@ impl ConfigWatch {
         let mut body = resp.into_body();
         let mut framer = LineFramer::new();
         while let Some(line) = OWN.next_line(&mut body, &mut framer).await? {
-            let event: WatchEvent = serde_json::from_slice(&line)
-                .map_err(|e| bad_reply(format!("watch event: {e}")))?;
-            match event.event_type.as_str() {
-                "ADDED" | "MODIFIED" => {
-                    let bytes = Bytes::from(event.object.to_string());
+            let event =
+                WatchEvent::parse(&line).map_err(|e| bad_reply(EventError::from(e).to_string()))?;
+            let object = event.object().map_err(|e| bad_reply(e.to_string()))?;
+            match event.event_type() {
+                Ok(EventType::Added | EventType::Modified) => {
+                    let bytes = Bytes::copy_from_slice(object.as_bytes());
                     let cm = parse(&bytes)?;
                     self.save(bytes).await;
                     self.publish(HubCfg { data: cm.data }, "cloud");
                 }
-                "DELETED" => self.publish(HubCfg::default(), "cloud (ConfigMap deleted)"),
-                "ERROR" => return Ok(()),
-                _ => {}
+                Ok(EventType::Deleted) => {
+                    self.publish(HubCfg::default(), "cloud (ConfigMap deleted)");
+                }
+                Ok(EventType::Error) => return Ok(()),
+                Ok(EventType::Bookmark) | Err(_) => {}
             }
         }
         Ok(())

@@ -18,9 +18,10 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use outpost_cache::Store;
-use outpost_filter::LineFramer;
-use serde::Deserialize;
-use serde_json::value::RawValue;
+pub use outpost_core::wire::ListMeta;
+use outpost_core::wire::{
+    EventError, EventType, LineFramer, List, ObjectHead, WatchEvent, list_chunks, list_head,
+};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -267,30 +268,32 @@ impl<H: Handler> Reflector<H> {
 
     /// Applies one watch event; `Some` when the stream asks to be ended.
     fn apply_event(&mut self, line: &[u8]) -> Result<Option<Ended>, ProxyError> {
-        let event: Event<'_> =
-            serde_json::from_slice(line).map_err(|e| bad_reply(format!("watch event: {e}")))?;
-        let object = event.object.get().as_bytes();
-        let meta = serde_json::from_slice::<Object>(object)
+        let event =
+            WatchEvent::parse(line).map_err(|e| bad_reply(EventError::from(e).to_string()))?;
+        let object = event.object().map_err(|e| bad_reply(e.to_string()))?;
+        let meta = ObjectHead::parse(object.as_bytes())
             .map_err(|e| bad_reply(format!("watch event object: {e}")))?
             .metadata;
-        match event.event_type {
-            "ADDED" | "MODIFIED" => {
-                self.handler.upsert(object);
-                match self.handler.keep(object) {
+        match event.event_type() {
+            Ok(EventType::Added | EventType::Modified) => {
+                self.handler.upsert(object.as_bytes());
+                match self.handler.keep(object.as_bytes()) {
                     Some(kept) => self.objects.insert(meta.key(), kept),
                     None => self.objects.remove(&meta.key()),
                 };
             }
-            "DELETED" => {
-                self.handler.remove(object);
+            Ok(EventType::Deleted) => {
+                self.handler.remove(object.as_bytes());
                 self.objects.remove(&meta.key());
             }
-            "BOOKMARK" => {}
-            _ => return Ok(Some(Ended::Relist)),
+            Ok(EventType::Bookmark) => {}
+            Ok(EventType::Error) => return Ok(Some(Ended::Relist)),
+            Err(EventError::NoType) => return Err(bad_reply(EventError::NoType.to_string())),
+            Err(_) => return Ok(Some(Ended::Relist)),
         }
         if !meta.resource_version.is_empty() {
             self.handler.progressed(&meta.resource_version);
-            self.resource_version = meta.resource_version;
+            self.resource_version = meta.resource_version.into_owned();
         }
         Ok(None)
     }
@@ -344,6 +347,7 @@ impl<H: Handler> Reflector<H> {
             api_version: self.list_type.1.clone(),
             metadata: ListMeta {
                 resource_version: self.resource_version.clone(),
+                ..ListMeta::default()
             },
             from_cloud: false,
         };
@@ -368,74 +372,28 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-#[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(rename = "type")]
-    event_type: &'a str,
-    #[serde(borrow)]
-    object: &'a RawValue,
-}
-
-#[derive(Deserialize)]
-struct List<'a> {
-    #[serde(default)]
-    kind: String,
-    #[serde(default, rename = "apiVersion")]
-    api_version: String,
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(borrow, default)]
-    items: Vec<&'a RawValue>,
-}
-
-#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
-pub struct ListMeta {
-    #[serde(default, rename = "resourceVersion")]
-    pub resource_version: String,
-}
-
-#[derive(Deserialize)]
-struct Object {
-    #[serde(default)]
-    metadata: ObjectMeta,
-}
-
-#[derive(Deserialize, Default)]
-struct ObjectMeta {
-    #[serde(default)]
-    namespace: String,
-    #[serde(default)]
-    name: String,
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
-}
-
-impl ObjectMeta {
-    fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
 /// What `keep` keeps of the items of a list body, by `namespace/name`, and the list's head
 /// (kind, apiVersion, resourceVersion).
 fn parse_list(
     bytes: &[u8],
     keep: impl Fn(&[u8]) -> Option<Bytes>,
 ) -> Result<(BTreeMap<String, Bytes>, ListHead), ProxyError> {
-    let list: List<'_> =
-        serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("list: {e}")))?;
+    let list = List::parse(bytes).map_err(|e| bad_reply(format!("list: {e}")))?;
     let mut objects = BTreeMap::new();
-    for item in list.items {
-        let meta: Object =
-            serde_json::from_str(item.get()).map_err(|e| bad_reply(format!("list item: {e}")))?;
+    for item in list.items() {
+        let head = ObjectHead::parse(item.get().as_bytes())
+            .map_err(|e| bad_reply(format!("list item: {e}")))?;
         if let Some(kept) = keep(item.get().as_bytes()) {
-            objects.insert(meta.metadata.key(), kept);
+            objects.insert(head.metadata.key(), kept);
         }
     }
     let head = ListHead {
-        kind: list.kind,
-        api_version: list.api_version,
-        metadata: list.metadata,
+        kind: list.kind.unwrap_or_default().into_owned(),
+        api_version: list.api_version.unwrap_or_default().into_owned(),
+        metadata: ListMeta {
+            resource_version: list.metadata.resource_version,
+            ..ListMeta::default()
+        },
         from_cloud: false,
     };
     Ok((objects, head))
@@ -477,22 +435,15 @@ fn write_list_document(
     objects: &[Bytes],
     head: &ListHead,
 ) -> std::io::Result<()> {
-    let head = serde_json::json!({
-        "kind": head.kind,
-        "apiVersion": head.api_version,
-        "metadata": {"resourceVersion": head.resource_version()},
-    });
-    let head = head.to_string();
-    // The head without its closing brace, then the items.
-    out.write_all(&head.as_bytes()[..head.len() - 1])?;
-    out.write_all(br#","items":["#)?;
-    for (i, object) in objects.iter().enumerate() {
-        if i > 0 {
-            out.write_all(b",")?;
-        }
-        out.write_all(object)?;
+    let metadata = ListMeta {
+        resource_version: head.resource_version().to_owned(),
+        ..ListMeta::default()
+    };
+    let head = list_head(&head.kind, &head.api_version, &metadata);
+    for chunk in list_chunks(head, objects.iter().cloned()) {
+        out.write_all(&chunk)?;
     }
-    out.write_all(b"]}")
+    Ok(())
 }
 
 /// The hub's own GETs (get, list, watch) to the cloud, as the node: who asks, and how a failure
@@ -585,6 +536,7 @@ mod tests {
             api_version: "v1".into(),
             metadata: ListMeta {
                 resource_version: rv.into(),
+                ..ListMeta::default()
             },
             from_cloud: false,
         }

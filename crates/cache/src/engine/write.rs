@@ -509,8 +509,14 @@ fn parse_event<'b>(
     event_type: EventType,
     bytes: &'b [u8],
 ) -> Result<Parsed<'b>, CacheError> {
-    if event_type == EventType::Bookmark {
-        return json::bookmark_rv(bytes).map(Parsed::Bookmark);
+    match event_type {
+        EventType::Bookmark => return json::bookmark_rv(bytes).map(Parsed::Bookmark),
+        EventType::Error => {
+            return Err(CacheError::InvalidObject(
+                "an ERROR event is not cached".into(),
+            ));
+        }
+        EventType::Added | EventType::Modified | EventType::Deleted => {}
     }
     let item = Incoming::whole(bytes)?;
     check_namespace(scope, &item.id)?;

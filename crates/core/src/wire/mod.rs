@@ -7,6 +7,14 @@
 //! edges: read with [`read_body`], written with [`write_body`] in the [`Encoding`] that
 //! [`negotiate`] picks from the client's `Accept`.
 //!
+//! The JSON shapes every part of the hub reads and writes are defined here once, borrowed from
+//! the bytes as they came:
+//! - [`watch`]: a watch stream's event lines ([`WatchEvent`], [`EventType`], [`event_line`],
+//!   [`bookmark_line`]), framed by [`LineFramer`] ([`framing`]).
+//! - [`list`]: list bodies ([`List`], [`ListMeta`], [`list_head`] / [`list_chunks`]).
+//! - [`object`]: an object's head ([`ObjectHead`]: kind, apiVersion and identity;
+//!   [`ObjectMeta::peek`] reads the identity alone, stopping early).
+//!
 //! - this module: media types, `Accept` negotiation, reading and writing bodies.
 //! - [`protobuf`]: the `k8s\0` + `runtime.Unknown` envelope and [`protobuf::decode_object`] /
 //!   [`protobuf::encode_object`], for the kinds in [`protobuf::is_supported`].
@@ -14,13 +22,23 @@
 //!   and Kubernetes JSON, following Go's `encoding/json` rules.
 
 mod convert;
+pub mod framing;
 mod kinds;
+pub mod list;
+pub mod object;
 pub mod protobuf;
+pub mod watch;
 
 use serde_json::Value;
 
 pub use convert::{FieldError, Problem};
+pub use framing::LineFramer;
+pub use list::{LIST_END, List, ListMeta, list_chunks, list_head};
+pub use object::{ObjectHead, ObjectMeta, PeekError};
 pub use protobuf::ProtobufError;
+pub use watch::{
+    EventError, EventType, UnknownEventType, WatchEvent, bookmark_line, event_line, split_event,
+};
 
 /// The Kubernetes protobuf media type.
 pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";

@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 
 use outpost_cache::Gvr;
+use outpost_core::wire::ObjectHead;
 use serde::{Deserialize, Serialize};
 
 /// A resource's kind and the `apiVersion` its objects carry.
@@ -30,10 +31,10 @@ impl KindInfo {
 
     /// Read off a stored object, for when no kind document exists.
     pub fn from_object(object: &[u8]) -> Option<KindInfo> {
-        let meta: TypeMeta = serde_json::from_slice(object).ok()?;
+        let head = ObjectHead::parse(object).ok()?;
         Some(KindInfo {
-            kind: meta.kind?,
-            api_version: meta.api_version?,
+            kind: head.kind?.into_owned(),
+            api_version: head.api_version?.into_owned(),
         })
     }
 
@@ -155,13 +156,6 @@ pub fn document_name(gvr: &Gvr) -> String {
     format!("kinds/{gvr}")
 }
 
-#[derive(Deserialize)]
-struct TypeMeta {
-    kind: Option<String>,
-    #[serde(rename = "apiVersion")]
-    api_version: Option<String>,
-}
-
 /// How [`with_type_meta`] finds out whether an item already names its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KindCheck {
@@ -196,8 +190,8 @@ impl TypeMetaHead {
 pub fn with_type_meta<'a>(item: &'a [u8], head: &TypeMetaHead, check: KindCheck) -> Cow<'a, [u8]> {
     let has_kind = match check {
         KindCheck::UpToMetadata => names_kind_before_metadata(item),
-        KindCheck::Whole => serde_json::from_slice::<TypeMeta>(item)
-            .map(|m| m.kind.is_some())
+        KindCheck::Whole => ObjectHead::parse(item)
+            .map(|head| head.kind.is_some())
             .unwrap_or(true),
     };
     let Some(rest) = item.strip_prefix(b"{") else {

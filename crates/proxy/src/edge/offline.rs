@@ -10,6 +10,7 @@
 //! that the cloud itself reported empty is served empty: that is the truth as last seen.
 //! (yurthub answers kubelet's empty pod list with 404 whatever the reason, §4.4.)
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -19,6 +20,7 @@ use http::header::{self, HeaderValue};
 use http::{HeaderMap, Response};
 use outpost_cache::{CachedObject, Gvr, ListResult, Lookup, ObjectKey, Scope, Store};
 use outpost_core::RequestInfo;
+use outpost_core::wire::{ListMeta, ObjectHead, list_chunks as list_chunks_of, list_head};
 use serde::{Deserialize, Serialize};
 
 use super::kinds::{self, KindInfo};
@@ -321,7 +323,7 @@ impl Page {
         let first = start.map_or(0, |t| {
             items.partition_point(|o| {
                 let (ns, name) = object_position(o);
-                (ns, name) <= (t.namespace.as_str(), t.name.as_str())
+                (&*ns, &*name) <= (t.namespace.as_str(), t.name.as_str())
             })
         });
         let limit = limit.filter(|&l| l > 0).map_or(usize::MAX, |l| l as usize);
@@ -331,7 +333,7 @@ impl Page {
             let (namespace, name) = object_position(last);
             ContinueToken::after(
                 result.resource_version.as_str(),
-                &ObjectKey::new("", &Gvr::new("", "", ""), namespace, name),
+                &ObjectKey::new("", &Gvr::new("", "", ""), &namespace, &name),
             )
         });
         Page {
@@ -347,22 +349,10 @@ impl Page {
 }
 
 /// (namespace, name) of a stored object, the order the store lists in.
-fn object_position(object: &CachedObject) -> (&str, &str) {
-    #[derive(Deserialize)]
-    struct Meta<'a> {
-        #[serde(borrow, default)]
-        metadata: Names<'a>,
-    }
-    #[derive(Deserialize, Default)]
-    struct Names<'a> {
-        #[serde(borrow, default)]
-        namespace: &'a str,
-        #[serde(borrow, default)]
-        name: &'a str,
-    }
-    serde_json::from_slice::<Meta<'_>>(&object.bytes)
-        .map(|m| (m.metadata.namespace, m.metadata.name))
-        .unwrap_or(("", ""))
+fn object_position(object: &CachedObject) -> (Cow<'_, str>, Cow<'_, str>) {
+    ObjectHead::parse(&object.bytes)
+        .map(|head| (head.metadata.namespace, head.metadata.name))
+        .unwrap_or_default()
 }
 
 /// `{"kind":"PodList","apiVersion":"v1","metadata":{…},"items":[…]}` from the stored bytes.
@@ -370,35 +360,21 @@ fn object_position(object: &CachedObject) -> (&str, &str) {
 /// the cached `Bytes` itself (no copy of the items into one buffer).
 fn list_chunks(kind: &KindInfo, result: &ListResult, page: &Page) -> Vec<Bytes> {
     let items = &result.items[page.range.clone()];
-    let mut metadata = serde_json::json!({"resourceVersion": result.resource_version.as_str()});
+    let mut metadata = ListMeta {
+        resource_version: result.resource_version.as_str().to_owned(),
+        ..ListMeta::default()
+    };
     if let Some(next) = &page.next {
-        metadata["continue"] = next.encode().into();
-        metadata["remainingItemCount"] = (result.items.len() - page.range.end).into();
+        metadata.continue_token = next.encode();
+        metadata.remaining_item_count = Some((result.items.len() - page.range.end) as u64);
     }
     let list_kind = if kind.kind.is_empty() {
         "List".to_owned()
     } else {
         kind.list_kind()
     };
-    let mut head = serde_json::json!({
-        "kind": list_kind,
-        "apiVersion": kind.api_version,
-        "metadata": metadata,
-    })
-    .to_string();
-    head.pop(); // the closing brace: `items` follows
-    head.push_str(",\"items\":[");
-    const COMMA: Bytes = Bytes::from_static(b",");
-    let mut chunks = Vec::with_capacity(2 * items.len() + 2);
-    chunks.push(Bytes::from(head));
-    for (i, object) in items.iter().enumerate() {
-        if i > 0 {
-            chunks.push(COMMA);
-        }
-        chunks.push(object.bytes.clone());
-    }
-    chunks.push(Bytes::from_static(b"]}"));
-    chunks
+    let head = list_head(&list_kind, &kind.api_version, &metadata);
+    list_chunks_of(head, items.iter().map(|object| object.bytes.clone()))
 }
 
 #[cfg(test)]

@@ -176,7 +176,10 @@ impl Sent {
                 .apply(&self.gvr, cached)
                 .unwrap_or_else(|| cached.clone());
             if now != *self.sent.get(&key).unwrap_or(cached) {
-                lines.push(super::watch::event_line("MODIFIED", &now));
+                lines.push(outpost_core::wire::event_line(
+                    outpost_core::wire::EventType::Modified,
+                    &now,
+                ));
                 self.sent.insert(key, now);
             }
         }

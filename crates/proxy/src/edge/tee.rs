@@ -43,7 +43,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use outpost_cache::{ObjectKey, Scope};
-use outpost_filter::LineFramer;
+use outpost_core::wire::{EventType, LineFramer, WatchEvent};
 
 use super::list_items::ItemSizes;
 use super::writer::{CacheOp, Chunks, Missed, Ticket, Writer};
@@ -325,7 +325,10 @@ impl TeeBody {
 /// off its first bytes as kube-apiserver writes them; an event written otherwise is not waited
 /// for.
 fn must_be_durable(line: &[u8]) -> bool {
-    line.starts_with(br#"{"type":"ADDED","#) || line.starts_with(br#"{"type":"DELETED","#)
+    matches!(
+        EventType::of_line(line),
+        Some(EventType::Added | EventType::Deleted)
+    )
 }
 
 /// Takes the lines a streaming list's initial events may still need into `initial`, and queues
@@ -378,38 +381,16 @@ enum InitialLine {
 
 impl InitialLine {
     fn of(line: &[u8]) -> InitialLine {
-        if line.starts_with(br#"{"type":"ADDED","#) {
-            InitialLine::Added
-        } else if line.starts_with(br#"{"type":"BOOKMARK","#) && ends_initial_events(line) {
-            InitialLine::End
-        } else {
-            InitialLine::Other
+        match EventType::of_line(line) {
+            Some(EventType::Added) => InitialLine::Added,
+            Some(EventType::Bookmark)
+                if WatchEvent::parse(line).is_ok_and(|e| e.ends_initial_events()) =>
+            {
+                InitialLine::End
+            }
+            _ => InitialLine::Other,
         }
     }
-}
-
-fn ends_initial_events(bookmark: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Event {
-        object: Object,
-    }
-    #[derive(serde::Deserialize)]
-    struct Object {
-        #[serde(default)]
-        metadata: Metadata,
-    }
-    #[derive(serde::Deserialize, Default)]
-    struct Metadata {
-        #[serde(default)]
-        annotations: std::collections::HashMap<String, String>,
-    }
-    serde_json::from_slice::<Event>(bookmark).is_ok_and(|e| {
-        e.object
-            .metadata
-            .annotations
-            .get("k8s.io/initial-events-end")
-            .is_some_and(|v| v == "true")
-    })
 }
 
 impl Body for TeeBody {

@@ -19,8 +19,8 @@ use http::Response;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use outpost_cache::{CacheError, ReplayError, Scope, Store};
+use outpost_core::wire::{EventType, ObjectMeta, bookmark_line};
 use outpost_core::{RequestInfo, Status};
-use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use super::kinds::KindInfo;
@@ -29,6 +29,7 @@ use super::offline::{self, blocking, resolve_kind};
 use super::overlay::{Overlay, Sent};
 use crate::body::{BoxError, ProxyBody};
 use crate::error::ProxyError;
+pub(crate) use outpost_core::wire::event_line;
 
 /// How often an idle offline watch sends a BOOKMARK when the client allows them.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
@@ -80,7 +81,7 @@ pub async fn serve(
         let mut lines: Vec<Bytes> = list
             .items
             .iter()
-            .map(|o| event_line("ADDED", &reported.overlaid(&o.bytes)))
+            .map(|o| event_line(EventType::Added, &reported.overlaid(&o.bytes)))
             .collect();
         if q.send_initial_events == Some(true) && q.allow_watch_bookmarks {
             lines.push(bookmark(&kind, &rv, true));
@@ -145,20 +146,10 @@ impl Reported {
     }
 }
 
-/// (namespace, name) of an object.
+/// (namespace, name) of an object, read no deeper than its identity.
 pub(crate) fn object_name(object: &[u8]) -> Option<(String, String)> {
-    #[derive(serde::Deserialize)]
-    struct Head {
-        metadata: Meta,
-    }
-    #[derive(serde::Deserialize)]
-    struct Meta {
-        #[serde(default)]
-        namespace: String,
-        name: String,
-    }
-    let head: Head = serde_json::from_slice(object).ok()?;
-    Some((head.metadata.namespace, head.metadata.name))
+    let meta = ObjectMeta::peek(object).ok()?;
+    (!meta.name.is_empty()).then(|| (meta.namespace.into_owned(), meta.name.into_owned()))
 }
 
 /// How long a watch served by the hub lasts: `timeoutSeconds`, or 1x-2x `min_request_timeout`.
@@ -200,7 +191,7 @@ async fn replay(
                 .map_or(from, |e| e.resource_version.as_str().to_owned()),
             lines: events
                 .iter()
-                .map(|e| event_line(e.event_type.as_str(), &reported.overlaid(&e.object)))
+                .map(|e| event_line(e.event_type, &reported.overlaid(&e.object)))
                 .collect(),
             expired: false,
         },
@@ -273,31 +264,16 @@ async fn until_online(online: &mut watch::Receiver<bool>) {
     }
 }
 
-pub(crate) fn event_line(event_type: &str, object: &[u8]) -> Bytes {
-    let mut line = Vec::with_capacity(object.len() + 32);
-    line.extend_from_slice(b"{\"type\":\"");
-    line.extend_from_slice(event_type.as_bytes());
-    line.extend_from_slice(b"\",\"object\":");
-    line.extend_from_slice(object);
-    line.extend_from_slice(b"}\n");
-    Bytes::from(line)
-}
-
-/// A BOOKMARK as kube-apiserver sends it: only kind, apiVersion and resourceVersion.
+/// A BOOKMARK of `kind` at `rv` ([`bookmark_line`]).
 pub(crate) fn bookmark(kind: &KindInfo, rv: &str, initial_events_end: bool) -> Bytes {
-    let mut metadata = json!({ "resourceVersion": rv });
-    if initial_events_end {
-        metadata["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
-    }
-    let object = json!({ "kind": kind.kind, "apiVersion": kind.api_version, "metadata": metadata });
-    event_line("BOOKMARK", object.to_string().as_bytes())
+    bookmark_line(&kind.kind, &kind.api_version, rv, initial_events_end)
 }
 
 fn expired_line(from: &str, detail: &str) -> Bytes {
     let status = Status::expired(format!(
         "too old resource version: {from} (the edge cache cannot replay from it: {detail})"
     ));
-    event_line("ERROR", &status.to_json())
+    event_line(EventType::Error, &status.to_json())
 }
 
 fn default_timeout(min: Duration) -> Duration {
@@ -328,7 +304,7 @@ mod tests {
         assert_eq!(e["type"], "ERROR");
         assert_eq!(e["object"]["code"], 410);
         assert_eq!(e["object"]["reason"], "Expired");
-        assert!(event_line("ADDED", b"{}").ends_with(b"}\n"));
+        assert!(event_line(EventType::Added, b"{}").ends_with(b"}\n"));
         for min in [DEFAULT_MIN_REQUEST_TIMEOUT, Duration::from_secs(2)] {
             let t = default_timeout(min);
             assert!(t >= min && t < 2 * min, "{min:?}: {t:?}");

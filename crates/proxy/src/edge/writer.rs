@@ -15,7 +15,6 @@
 //! truncated stream, a protobuf body) is counted in `outpost_cache_writes_total{outcome="invalid"}`
 //! and dropped; the client already received it unchanged.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,7 +24,7 @@ use bytes::Bytes;
 use outpost_cache::{
     CacheError, EventType, Gvr, ObjectKey, ReplaceOutcome, Scope, ScopeId, Store, WriteOutcome,
 };
-use serde::Deserialize;
+use outpost_core::wire::{EventError, List, ObjectHead, WatchEvent};
 use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
@@ -836,33 +835,13 @@ fn apply_document(store: &dyn Store, name: &str, content_type: &str, body: &[u8]
     Ok("stored")
 }
 
-/// What a GET answer says it is.
-#[derive(Deserialize)]
-struct ObjectHead<'a> {
-    #[serde(borrow, default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default, rename = "apiVersion")]
-    api_version: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    metadata: ObjectNames<'a>,
-}
-
-#[derive(Deserialize, Default)]
-struct ObjectNames<'a> {
-    #[serde(borrow, default)]
-    name: Cow<'a, str>,
-    #[serde(borrow, default)]
-    namespace: Cow<'a, str>,
-}
-
 fn apply_object(
     store: &dyn Store,
     key: &ObjectKey,
     body: &[u8],
     kinds: &mut HashMap<Gvr, KindInfo>,
 ) -> Applied {
-    let head: ObjectHead<'_> =
-        serde_json::from_slice(body).map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
+    let head = ObjectHead::parse(body).map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
     let (Some(kind), Some(api_version)) = (head.kind, head.api_version) else {
         return Err(ApplyError::Invalid("object without kind/apiVersion".into()));
     };
@@ -889,25 +868,6 @@ fn apply_object(
     )?))
 }
 
-#[derive(Deserialize)]
-struct ListBody<'a> {
-    kind: String,
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(borrow, default)]
-    items: Option<Vec<&'a RawValue>>,
-}
-
-#[derive(Deserialize, Default)]
-struct ListMeta {
-    #[serde(default, rename = "resourceVersion")]
-    resource_version: String,
-    #[serde(default, rename = "continue")]
-    continue_token: String,
-}
-
 fn apply_list(
     store: &dyn Store,
     scope: &Scope,
@@ -915,10 +875,14 @@ fn apply_list(
     kinds: &mut HashMap<Gvr, KindInfo>,
     max_object: usize,
 ) -> Applied {
-    let list: ListBody<'_> =
-        serde_json::from_slice(body).map_err(|e| ApplyError::Invalid(format!("list body: {e}")))?;
-    let kind = KindInfo::from_list(&list.kind, &list.api_version)
-        .ok_or_else(|| ApplyError::Invalid(format!("a {} is not a list", list.kind)))?;
+    let list = List::parse(body).map_err(|e| ApplyError::Invalid(format!("list body: {e}")))?;
+    let (Some(list_kind), Some(api_version)) = (&list.kind, &list.api_version) else {
+        return Err(ApplyError::Invalid(
+            "list body without kind/apiVersion".into(),
+        ));
+    };
+    let kind = KindInfo::from_list(list_kind, api_version)
+        .ok_or_else(|| ApplyError::Invalid(format!("a {list_kind} is not a list")))?;
     kinds::check_kind(&scope.gvr, &kind.kind, &kind.api_version).map_err(ApplyError::Mismatch)?;
     if !list.metadata.continue_token.is_empty() {
         // One page of a chunked list cannot replace a scope; the full list will.
@@ -982,18 +946,13 @@ fn apply_streamed_list(
     kinds: &mut HashMap<Gvr, KindInfo>,
     max_object: usize,
 ) -> Applied {
-    #[derive(Deserialize)]
-    struct Marker {
-        #[serde(default)]
-        metadata: ListMeta,
-    }
     let invalid = |what: &str| ApplyError::Invalid(format!("streaming list: {what}"));
     let (last, added) = lines.split_last().ok_or_else(|| invalid("no lines"))?;
     let marker = match read_line(last) {
         Line::ToStore(EventType::Bookmark, object) => object,
         _ => return Err(invalid("it does not end with a bookmark")),
     };
-    let resource_version = serde_json::from_slice::<Marker>(marker)
+    let resource_version = ObjectHead::parse(marker)
         .map_err(|e| invalid(&format!("bookmark: {e}")))?
         .metadata
         .resource_version;
@@ -1031,14 +990,6 @@ fn check_event_kind(scope: &Scope, object: &[u8]) -> Result<(), ApplyError> {
     kinds::check_kind(&scope.gvr, &kind, &api_version).map_err(ApplyError::Mismatch)
 }
 
-#[derive(Deserialize)]
-struct EventLine<'a> {
-    #[serde(rename = "type")]
-    event_type: String,
-    #[serde(borrow)]
-    object: &'a RawValue,
-}
-
 /// What became of one watch line before the store saw it.
 enum Line<'a> {
     /// Decided without the store (an ERROR event, or not a watch event at all).
@@ -1047,17 +998,16 @@ enum Line<'a> {
 }
 
 fn read_line(line: &[u8]) -> Line<'_> {
-    let event: EventLine<'_> = match serde_json::from_slice(line) {
+    let invalid = |e: EventError| Line::Done(Err(ApplyError::Invalid(e.to_string())));
+    let event = match WatchEvent::parse(line) {
         Ok(event) => event,
-        Err(e) => return Line::Done(Err(ApplyError::Invalid(format!("watch event: {e}")))),
+        Err(e) => return invalid(e.into()),
     };
-    if event.event_type == "ERROR" {
+    match event.event_type().and_then(|t| Ok((t, event.object()?))) {
         // A 410 or other error ends the stream; the client relists and the list replaces the scope.
-        return Line::Done(Ok("error_event"));
-    }
-    match event.event_type.parse::<EventType>() {
-        Ok(event_type) => Line::ToStore(event_type, event.object.get().as_bytes()),
-        Err(reason) => Line::Done(Err(ApplyError::Invalid(reason))),
+        Ok((EventType::Error, _)) => Line::Done(Ok("error_event")),
+        Ok((event_type, object)) => Line::ToStore(event_type, object.as_bytes()),
+        Err(e) => invalid(e),
     }
 }
 

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::Response;
 use http::header::HeaderValue;
 use outpost_core::RequestInfo;
+use outpost_core::wire::{ListMeta, list_chunks, list_head};
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::store::{Item, OpenedWatch, Selection, Shared, Snapshot, WatchFrom};
@@ -56,28 +57,20 @@ pub fn watch_from(info: &RequestInfo) -> Option<WatchFrom> {
 /// A LIST body: the items as stored (with the node's reports, offline), in key order, as one
 /// response in pieces.
 pub fn list_response(snapshot: Snapshot, mut reports: Option<Sent>) -> Response<ProxyBody> {
-    let head = serde_json::json!({
-        "kind": snapshot.kind.list_kind(),
-        "apiVersion": snapshot.kind.api_version,
-        "metadata": {"resourceVersion": snapshot.resource_version.to_string()},
-    })
-    .to_string();
-    let mut chunks = Vec::with_capacity(snapshot.items.len() * 2 + 2);
-    chunks.push(Bytes::from(format!(
-        "{},\"items\":[",
-        &head[..head.len() - 1]
-    )));
-    for (i, item) in snapshot.items.iter().enumerate() {
-        if i > 0 {
-            chunks.push(Bytes::from_static(b","));
-        }
-        chunks.push(match &mut reports {
-            Some(reports) => reports.overlaid(item_key(item), &item.bytes),
-            None => item.bytes.clone(),
-        });
-    }
-    chunks.push(Bytes::from_static(b"]}"));
-    marked(offline::json_response_in_pieces(chunks))
+    let metadata = ListMeta {
+        resource_version: snapshot.resource_version.to_string(),
+        ..ListMeta::default()
+    };
+    let head = list_head(
+        &snapshot.kind.list_kind(),
+        &snapshot.kind.api_version,
+        &metadata,
+    );
+    let items = snapshot.items.iter().map(|item| match &mut reports {
+        Some(reports) => reports.overlaid(item_key(item), &item.bytes),
+        None => item.bytes.clone(),
+    });
+    marked(offline::json_response_in_pieces(list_chunks(head, items)))
 }
 
 fn item_key(item: &Item) -> (String, String) {

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use outpost_core::selector::{FieldSelector, LabelSelector};
+use outpost_core::wire::EventType;
 use serde::Deserialize;
 use tokio::sync::{broadcast, watch};
 use tracing::warn;
@@ -76,7 +77,7 @@ pub struct Change {
 impl Change {
     /// The event a watch with `selection` sees, if any: an object that enters the selection is
     /// `ADDED`, one that leaves it `DELETED` (as the apiserver's watch cache does).
-    pub fn event_for(&self, selection: &Selection) -> Option<(&'static str, &Bytes)> {
+    pub fn event_for(&self, selection: &Selection) -> Option<(EventType, &Bytes)> {
         let now = self.change != ChangeType::Deleted && selection.matches(&self.object);
         let before = match (&self.previous, self.change) {
             (Some(previous), _) => selection.matches(previous),
@@ -84,9 +85,9 @@ impl Change {
             (None, _) => false,
         };
         let event = match (before, now) {
-            (false, true) => "ADDED",
-            (true, true) => "MODIFIED",
-            (true, false) => "DELETED",
+            (false, true) => EventType::Added,
+            (true, true) => EventType::Modified,
+            (true, false) => EventType::Deleted,
             (false, false) => return None,
         };
         Some((event, &self.object.bytes))
@@ -136,7 +137,7 @@ pub enum WatchFrom {
 pub struct OpenedWatch {
     pub kind: KindInfo,
     /// `ADDED` objects, or replayed changes, in order.
-    pub initial: Vec<(&'static str, Bytes)>,
+    pub initial: Vec<(EventType, Bytes)>,
     pub resource_version: u64,
     pub changes: broadcast::Receiver<Arc<Change>>,
     /// Moves when the watch must end: the store was relisted, or its feed broke.
@@ -248,7 +249,7 @@ impl Shared {
             WatchFrom::Current { not_older_than } if not_older_than <= state.resource_version => {
                 state
                     .selected(selection)
-                    .map(|item| ("ADDED", item.bytes.clone()))
+                    .map(|item| (EventType::Added, item.bytes.clone()))
                     .collect()
             }
             WatchFrom::After(rv) if rv >= state.window_start && rv <= state.resource_version => {
@@ -473,6 +474,7 @@ mod tests {
             api_version: "v1".into(),
             metadata: ListMeta {
                 resource_version: rv.to_string(),
+                ..ListMeta::default()
             },
             from_cloud,
         };
@@ -491,13 +493,16 @@ mod tests {
         snapshot.items.iter().map(|i| i.name.as_str()).collect()
     }
 
-    fn events(lines: &[(&'static str, Bytes)]) -> Vec<(&'static str, String)> {
+    fn events(lines: &[(EventType, Bytes)]) -> Vec<(&'static str, String)> {
         lines
             .iter()
             .map(|(e, b)| {
                 let v: serde_json::Value = serde_json::from_slice(b).unwrap();
                 assert_eq!(v["kind"], "Service", "every object names its kind");
-                (*e, v["metadata"]["name"].as_str().unwrap().to_owned())
+                (
+                    e.as_str(),
+                    v["metadata"]["name"].as_str().unwrap().to_owned(),
+                )
             })
             .collect()
     }

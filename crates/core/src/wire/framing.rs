@@ -1,4 +1,4 @@
-//! [`LineFramer`]: splits a JSON watch stream into event lines for [`crate::Chain::filter_event`].
+//! [`LineFramer`]: splits a JSON watch stream into event lines ([`super::watch`]).
 //!
 //! kube-apiserver writes one JSON event per line; chunks of the HTTP body cut lines anywhere.
 
