@@ -11,9 +11,10 @@
 //! 1. [`classify`]: one [`RequestInfo`] per request (kube-apiserver's rules); a request the
 //!    apiserver would reject is answered `400` here, without touching upstream. On the secure
 //!    port ([`crate::callers`]) a request without a bearer token is answered `401` here.
-//! 2. [`route::decide`]: which identity to present, whether this is a protocol switch, and in
-//!    edge mode the cache's part ([`CachePlan`]) and whether the cloud is known to be down; a
-//!    secure-port caller's route also says whether the cache may answer its token.
+//! 2. [`route::decide`]: what serves the request ([`Serve`]: a tunnel, kubelet's requests the
+//!    hub answers itself, the cache while the cloud is known to be down, or an apiserver), which
+//!    identity to present, and in edge mode the cache's part ([`CachePlan`]); a secure-port
+//!    caller's route also says whether the cache may answer its token.
 //! 3. 3s: a LIST or WATCH of a pool-scope resource (Services, EndpointSlices) that the shared
 //!    cache can answer exactly is answered from memory ([`crate::multiplexer`]). Otherwise
 //!    `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
@@ -51,7 +52,7 @@ use crate::health::local_lease::LocalLease;
 use crate::metrics::Metrics;
 use crate::multiplexer::Multiplexer;
 use crate::objects;
-use crate::route::{self, Route};
+use crate::route::{self, Route, Serve};
 use crate::upstream::{Server, Upstream};
 
 /// The secure port's answer to a request without a bearer token.
@@ -128,14 +129,14 @@ impl Pipeline {
             .as_ref()
             .and_then(|m| m.read(&info, req.headers()));
         let answered = shared.as_ref().and_then(|s| s.answer(&info));
-        let result = match (&self.edge, route.cache.clone(), answered) {
-            (_, _, Some(resp)) => Ok(resp),
-            _ if route.tunnel => self.tunnel(route, &info, req).await,
-            _ if route.kubelet.is_some() => self.kubelet(route, &info, req, &exchange).await,
-            (Some(edge), Some(plan), None) if route.local => {
-                edge.serve(plan, &info, req.headers()).await
+        let result = match (answered, route.serve) {
+            (Some(resp), _) => Ok(resp),
+            (None, Serve::Tunnel) => self.tunnel(route, &info, req).await,
+            (None, Serve::Kubelet(which)) => {
+                self.kubelet(which, route, &info, req, &exchange).await
             }
-            _ => self.remote(route, &info, req, &exchange).await,
+            (None, Serve::Cache) => self.cached(route, &info, req, &exchange).await,
+            (None, Serve::Remote) => self.remote(route, &info, req, &exchange).await,
         };
         if let (Some(shared), Ok(resp)) = (&shared, &result) {
             shared.learn(resp);
@@ -193,15 +194,31 @@ impl Pipeline {
         }
     }
 
-    /// Stage 3b for kubelet's requests the hub answers itself ([`crate::autonomy`]).
-    async fn kubelet(
+    /// Stage 3b: the cloud is unreachable and the cache answers ([`Serve::Cache`] comes only
+    /// with a cache plan, and so in edge mode).
+    async fn cached(
         &self,
         route: Route,
         info: &RequestInfo,
         req: Request<body::RequestBody>,
         exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let (Some(autonomy), Some(which)) = (&self.autonomy, route.kubelet) else {
+        match (&self.edge, &route.cache) {
+            (Some(edge), Some(plan)) => edge.serve(plan.clone(), info, req.headers()).await,
+            _ => self.remote(route, info, req, exchange).await,
+        }
+    }
+
+    /// Stage 3b for kubelet's requests the hub answers itself ([`crate::autonomy`]).
+    async fn kubelet(
+        &self,
+        which: KubeletRequest,
+        route: Route,
+        info: &RequestInfo,
+        req: Request<body::RequestBody>,
+        exchange: &Exchange,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let Some(autonomy) = &self.autonomy else {
             return self.remote(route, info, req, exchange).await;
         };
         match which {
@@ -296,7 +313,8 @@ impl Pipeline {
         req: Request<body::RequestBody>,
         exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let seeding = req.method() == http::Method::GET && lease.is_empty() && !route.local;
+        let seeding =
+            req.method() == http::Method::GET && lease.is_empty() && !route.cache_answers_locally();
         if !seeding {
             let (parts, body) = req.into_parts();
             return lease
