@@ -7,14 +7,18 @@
 # cloud-mode start) with every hub under callgrind, and keeps each function the profiles name
 # that the binary defines.
 # Needs valgrind and nm; takes a few minutes. Run it after a change of compiler or dependencies
-# (their symbol names change), or when coldboot reports that few of the file's symbols are found.
+# (their symbol names change), or when link/check.sh (CI runs it) finds the file stale.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 for tool in valgrind nm; do
   command -v "$tool" >/dev/null || { echo "regenerate.sh needs $tool" >&2; exit 1; }
 done
 target="${CARGO_TARGET_DIR:-$PWD/target}"
-cargo build --release -p outpost --bin outpost --example coldboot
+cargo build --release -p outpost --example coldboot
+# The shipped binary, built as the Dockerfile (and link/check.sh) builds it: without the demo,
+# and in a build of its own, since building the example with it would unify the example's
+# dependencies' features into the binary's and rename their symbols.
+cargo build --release --locked -p outpost --no-default-features
 bin="$target/release/outpost"
 
 work="$(mktemp -d)"
@@ -45,3 +49,4 @@ order="crates/outpost/link/hot.order"
   comm -12 "$work/run" "$work/defined"
 } >"$order"
 echo "$order: $(grep -vc '^#' "$order") functions"
+crates/outpost/link/check.sh "$bin"
