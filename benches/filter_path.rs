@@ -29,9 +29,9 @@ use http_body::Body;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use outpost_agent::FilterSettings;
 use outpost_benches::{HubThread, NODE, Upstream, bench_runtime, median, plain_client};
 use outpost_filter::FilterConfig;
-use outpost_proxy::filtering::FilterSettings;
 use outpost_testkit::FakeConfig;
 use serde_json::{Value, json};
 
@@ -120,7 +120,6 @@ fn seed(upstream: &Upstream) {
 fn filter_settings() -> FilterSettings {
     FilterSettings {
         config: FilterConfig::default(),
-        node_name: NODE.to_owned(),
         pool_name: Some("pool-a".into()),
         hub_host: "169.254.2.1".parse().expect("ip"),
         hub_port: 10268,

@@ -17,11 +17,11 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
+use outpost_agent::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_cache::{Gvr, Scope, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
 use outpost_core::selector::{FieldSelector, LabelSelector};
 use outpost_proxy::edge::CacheAgents;
-use outpost_proxy::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_testkit::{FakeApiServer, FakeConfig};
 use serde_json::{Value, json};
 
@@ -61,25 +61,19 @@ impl Upstream {
     /// A hub on ephemeral loopback ports in front of the fake; `edge: None` is cloud mode.
     pub fn hub_config(&self, edge: Option<EdgeConfig>) -> HubConfig {
         HubConfig {
-            node_name: NODE.into(),
             proxy_addr: "127.0.0.1:0".parse().expect("addr"),
             admin_addr: "127.0.0.1:0".parse().expect("addr"),
-            upstream: UpstreamConfig {
-                servers: vec![Server::parse(&self.fake.url()).expect("server")],
-                lb_mode: LbMode::RoundRobin,
-                connect_timeout: Duration::from_secs(5),
-                request_timeout: Duration::from_secs(30),
-                tls: self.tls.clone(),
-            },
             edge,
-            namespace: "kube-system".into(),
-            health: outpost_proxy::health::HealthConfig::default(),
-            filters: None,
-            pool_scope: Vec::new(),
-            secure: None,
-            dummy_if: None,
-            token_bootstrap: None,
-            clients: Default::default(),
+            ..HubConfig::new(
+                NODE,
+                UpstreamConfig {
+                    servers: vec![Server::parse(&self.fake.url()).expect("server")],
+                    lb_mode: LbMode::RoundRobin,
+                    connect_timeout: Duration::from_secs(5),
+                    request_timeout: Duration::from_secs(30),
+                    tls: self.tls.clone(),
+                },
+            )
         }
     }
 
@@ -136,7 +130,7 @@ impl SledCache {
             volatile: None,
             min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
             max_object_bytes: outpost_proxy::edge::writer::DEFAULT_MAX_OBJECT_BYTES,
-            hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
+            hung_after: outpost_agent::admin::CACHE_HUNG_AFTER,
         }
     }
 

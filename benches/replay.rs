@@ -37,10 +37,10 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use outpost_agent::health::HeartbeatConfig;
 use outpost_benches::full_node::{self, FullNode, MOUNTS, PROXY_SELECTOR};
 use outpost_benches::{HubThread, NODE, SledCache, Upstream, bench_runtime, millis, percentile};
 use outpost_core::time::{micro_time, parse_rfc3339, rfc3339};
-use outpost_proxy::health::HeartbeatConfig;
 use outpost_testkit::FakeConfig;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -1137,7 +1137,6 @@ impl Bench {
         let cache = SledCache::open(cache_dir);
         let mut config = self.upstream.hub_config(Some(cache.edge_config()));
         config.health.heartbeat = Some(HeartbeatConfig {
-            node_name: NODE.into(),
             grace: Duration::from_secs(40),
             kubelet_healthz_url: None,
         });

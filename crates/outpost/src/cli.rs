@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use outpost_agent::FilterSettings;
+use outpost_agent::health::{HealthConfig, HeartbeatConfig};
+use outpost_agent::host::dummy_if::DummyIfConfig;
+use outpost_agent::identity::bootstrap::{IdentityFiles, TokenBootstrap};
 use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
-use outpost_proxy::bootstrap::{IdentityFiles, TokenBootstrap};
-use outpost_proxy::dummy_if::DummyIfConfig;
-use outpost_proxy::filtering::FilterSettings;
-use outpost_proxy::health::{HealthConfig, HeartbeatConfig};
 use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
 use outpost_proxy::slots::ClientLimits;
 use outpost_proxy::{LbMode, Server};
@@ -435,7 +435,7 @@ impl HubFlags {
     /// Checks the flags in yurthub's order; the error is one line naming the problem.
     pub fn validate(&self) -> Result<ValidatedHub, String> {
         let node_name = required(&self.node_name, "--node-name")?;
-        let health = self.health_config(&node_name)?;
+        let health = self.health_config()?;
         let servers = parse_servers(&required(&self.server_addr, "--server-addr")?)?;
         let identity = self.identity_source(&node_name, &servers)?;
         let nodepool_name = given(&self.nodepool_name).map(str::to_owned);
@@ -497,7 +497,6 @@ impl HubFlags {
                     disabled: self.disabled_resource_filters.clone(),
                     cloud_mode: self.working_mode == WorkingMode::Cloud,
                 },
-                node_name: node_name.clone(),
                 pool_name: nodepool_name.clone(),
                 hub_host: if self.enable_dummy_if {
                     dummy_if_ip
@@ -581,7 +580,7 @@ impl HubFlags {
     }
 
     /// Probes for every mode; the heartbeat (lease renewal gated on kubelet) in edge mode only.
-    fn health_config(&self, node_name: &str) -> Result<HealthConfig, String> {
+    fn health_config(&self) -> Result<HealthConfig, String> {
         let kubelet_healthz_url = match self.kubelet_healthz_url.trim() {
             "" => None,
             url => Some(
@@ -594,7 +593,6 @@ impl HubFlags {
             ),
         };
         let heartbeat = (self.working_mode == WorkingMode::Edge).then(|| HeartbeatConfig {
-            node_name: node_name.to_owned(),
             grace: self.kubelet_health_grace_period,
             kubelet_healthz_url,
         });

@@ -21,10 +21,10 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use outpost_agent::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_cache::{SledOptions, SledStore};
 use outpost_certs::UpstreamTls;
 use outpost_proxy::edge::CacheAgents;
-use outpost_proxy::{EdgeConfig, Hub, HubConfig, LbMode, Server, UpstreamConfig};
 use outpost_testkit::{FakeApiServer, FakeConfig};
 use serde_json::json;
 
@@ -112,43 +112,36 @@ async fn start_hub(
 ) -> Result<Hub> {
     let store = SledStore::open(cache_dir, SledOptions::default()).context("edge cache")?;
     let tls = UpstreamTls::load(&files.client_pem, &files.ca_crt)?;
+    let upstream = UpstreamConfig {
+        servers: vec![Server::parse(&fake.url()).map_err(anyhow::Error::msg)?],
+        lb_mode: LbMode::RoundRobin,
+        connect_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(30),
+        tls,
+    };
     let hub = Hub::start(HubConfig {
-        node_name: NODE.into(),
         proxy_addr: "127.0.0.1:0".parse()?,
         admin_addr: "127.0.0.1:0".parse()?,
-        upstream: UpstreamConfig {
-            servers: vec![Server::parse(&fake.url()).map_err(anyhow::Error::msg)?],
-            lb_mode: LbMode::RoundRobin,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
-            tls,
-        },
         edge: Some(EdgeConfig {
             store: Arc::new(store),
             agents: CacheAgents::default(),
             volatile: None,
             min_request_timeout: outpost_proxy::edge::watch::DEFAULT_MIN_REQUEST_TIMEOUT,
             max_object_bytes: outpost_proxy::edge::writer::DEFAULT_MAX_OBJECT_BYTES,
-            hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
+            hung_after: outpost_agent::admin::CACHE_HUNG_AFTER,
         }),
         namespace: "kube-system".into(),
         // One-second probes instead of yurthub's ten, so the demo's outage and recovery take
         // seconds; two good probes still make the apiserver healthy again.
-        health: outpost_proxy::health::HealthConfig {
+        health: outpost_agent::health::HealthConfig {
             interval: Duration::from_secs(1),
-            heartbeat: Some(outpost_proxy::health::HeartbeatConfig {
-                node_name: NODE.into(),
+            heartbeat: Some(outpost_agent::health::HeartbeatConfig {
                 grace: Duration::from_secs(40),
                 kubelet_healthz_url: None,
             }),
-            ..outpost_proxy::health::HealthConfig::default()
+            ..outpost_agent::health::HealthConfig::default()
         },
-        filters: None,
-        pool_scope: Vec::new(),
-        secure: None,
-        dummy_if: None,
-        token_bootstrap: None,
-        clients: Default::default(),
+        ..HubConfig::new(NODE, upstream)
     })
     .await?;
     Ok(hub)

@@ -6,14 +6,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outpost_agent::{EdgeConfig, Hub, HubConfig, SecureConfig, UpstreamConfig};
 use outpost_cache::{MemStore, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
 use outpost_proxy::edge::CacheAgents;
-use outpost_proxy::{EdgeConfig, Hub, HubConfig, SecureConfig, UpstreamConfig};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
-use outpost_proxy::bootstrap::IdentityFiles;
+use outpost_agent::identity::bootstrap::IdentityFiles;
 
 use crate::cli::{HubFlags, IdentitySource, ValidatedHub, WorkingMode};
 
@@ -147,7 +147,7 @@ fn open_cache(v: &ValidatedHub) -> Result<EdgeConfig, StartupError> {
         volatile,
         min_request_timeout: v.min_request_timeout,
         max_object_bytes: v.max_object_bytes,
-        hung_after: outpost_proxy::admin::CACHE_HUNG_AFTER,
+        hung_after: outpost_agent::admin::CACHE_HUNG_AFTER,
     })
 }
 
@@ -255,7 +255,7 @@ const RUNTIME_STOP_WITHIN: Duration = Duration::from_secs(1);
 
 /// Writes the hub's state where yurthub writes its stacks on SIGUSR1; one log line says where.
 async fn dump_state(hub: &Hub, root_dir: &Path) {
-    let path = outpost_proxy::dump::path(root_dir, std::process::id());
+    let path = outpost_agent::host::dump::path(root_dir, std::process::id());
     let text = hub.state_dump();
     let written = async {
         tokio::fs::create_dir_all(root_dir).await?;
@@ -307,7 +307,7 @@ pub fn init_tracing(verbosity: u8) {
         _ => "trace",
     };
     init_tracing_with(&format!(
-        "warn,outpost={level},outpost_proxy={level},outpost_certs={level},outpost_cache={level}"
+        "warn,outpost={level},outpost_proxy={level},outpost_agent={level},outpost_certs={level},outpost_cache={level}"
     ));
 }
 

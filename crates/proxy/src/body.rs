@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::error::{BoxError, DeadlineExceeded};
 
 /// A streaming body of either origin.
 pub type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -195,7 +195,7 @@ impl Body for RequestBody {
         };
         match &polled {
             Some(Err(e)) => {
-                let _ = self.state.0.error.set(crate::upstream::error_chain(e));
+                let _ = self.state.0.error.set(crate::error::error_chain(e));
                 self.state.set(ClientBody::FAILED);
             }
             None => self.state.set(ClientBody::ENDED),
@@ -243,14 +243,6 @@ pub fn until_deadline(
         exceeded: Some(exceeded),
     }
     .boxed()
-}
-
-/// Why a body was cut by [`until_deadline`]: who was sending it, and how long the request had.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("apiserver {server} did not finish its answer within the request's {after:?}")]
-pub struct DeadlineExceeded {
-    pub server: String,
-    pub after: Duration,
 }
 
 struct Deadline {

@@ -10,6 +10,18 @@ use std::time::Duration;
 
 use outpost_core::{ClassifyError, Reason, Status};
 
+/// A boxed error, as bodies carry them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a body was cut by [`crate::body::until_deadline`]: who was sending it, and how long the
+/// request had.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("apiserver {server} did not finish its answer within the request's {after:?}")]
+pub struct DeadlineExceeded {
+    pub server: String,
+    pub after: Duration,
+}
+
 /// Which side of the proxy failed; decides the status code and whether a retry elsewhere may help.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -137,8 +149,8 @@ impl ProxyError {
 
     /// A response body that failed while the hub collected it: past the request's deadline
     /// ([`crate::body::until_deadline`]) a timeout, otherwise a bad reply.
-    pub fn from_response_body(err: &crate::body::BoxError) -> ProxyError {
-        match err.downcast_ref::<crate::body::DeadlineExceeded>() {
+    pub fn from_response_body(err: &BoxError) -> ProxyError {
+        match err.downcast_ref::<DeadlineExceeded>() {
             Some(e) => ProxyError::Timeout {
                 server: e.server.clone(),
                 after: e.after,
@@ -161,6 +173,21 @@ impl ProxyError {
                 | ProxyError::NoUpstream
         )
     }
+}
+
+/// `a: b: c` from an error and its sources, so the one log line says everything.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
 }
 
 #[cfg(test)]

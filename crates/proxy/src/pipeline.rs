@@ -22,8 +22,8 @@
 //!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
 //!    the cache answers (or a Status says why it cannot).
 //!    Edge mode also answers two of kubelet's requests itself: its own lease
-//!    ([`crate::health::local_lease`], the heartbeat's evidence) and, offline, its node-status
-//!    PATCH ([`crate::health::node_status`], replayed on reconnect).
+//!    ([`crate::autonomy::lease`], the heartbeat's evidence) and, offline, its node-status
+//!    PATCH ([`crate::autonomy::node_status`], replayed on reconnect).
 //! 4. [`Filtering::apply`]: when filters apply ([`crate::filtering`]), the answer — from the
 //!    cloud or the cache alike — is rewritten on its way out; the cache keeps the upstream truth.
 //! 5. `Pipeline::respond`: errors become Kubernetes `Status` bodies (in
@@ -40,6 +40,7 @@ use hyper_util::rt::TokioIo;
 use outpost_core::{RequestInfo, Status, Verb};
 use tracing::{debug, warn};
 
+use crate::autonomy::lease::LocalLease;
 use crate::autonomy::tokens::{self, TokenKey, Tokens};
 use crate::autonomy::{Autonomy, KubeletRequest};
 use crate::body::{self, ProxyBody};
@@ -48,7 +49,6 @@ use crate::edge::{CachePlan, Edge};
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
 use crate::headers;
-use crate::health::local_lease::LocalLease;
 use crate::metrics::Metrics;
 use crate::multiplexer::Multiplexer;
 use crate::objects;
@@ -484,7 +484,7 @@ impl Pipeline {
     /// connection lost, no headers in time, garbage), or an answer that the server cannot serve,
     /// says little about the server, and marking it would end every watch on it: it is only
     /// suspected, and the prober looks at it at once (see
-    /// [`crate::health::ServerStates::suspect`]).
+    /// [`crate::upstream::ServerStates::suspect`]).
     fn note_outcome(
         &self,
         server: &crate::upstream::Server,
@@ -586,7 +586,7 @@ impl Pipeline {
             .requests
             .with_label_values(&[component_label, verb, resource.as_str(), &code.to_string()])
             .inc();
-        crate::memory::note_work();
+        crate::work::note_work();
         self.metrics
             .latency
             .with_label_values(&[verb])
@@ -676,7 +676,7 @@ fn counted(
         let _still_in_flight = &in_flight;
         if let Some(data) = frame.data_ref() {
             bytes.inc_by(data.len() as u64);
-            crate::memory::note_work();
+            crate::work::note_work();
         }
         frame
     })
@@ -787,7 +787,7 @@ fn client_response(resp: Response<Incoming>, switching: bool) -> Response<ProxyB
 }
 
 /// A proxied watch ends when its apiserver turns unhealthy
-/// ([`crate::health::ServerStates::next_outage`]); other answers are left as they are.
+/// ([`crate::upstream::ServerStates::next_outage`]); other answers are left as they are.
 fn ended_by(
     outage: Option<impl std::future::Future<Output = ()> + Send + Sync + 'static>,
     resp: Response<ProxyBody>,
@@ -873,14 +873,14 @@ mod tests {
         let frames = (0..FRAMES).map(|_| Ok(http_body::Frame::data(Bytes::from_static(b"x\n"))));
         let stream = http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed();
         let bytes = prometheus::IntCounter::new("bytes", "test").unwrap();
-        let before = crate::memory::work_done();
+        let before = crate::work::work_done();
         let body = counted(stream, bytes.clone(), None)
             .collect()
             .await
             .unwrap();
         assert_eq!(body.to_bytes().len() as u64, 2 * FRAMES);
         assert_eq!(bytes.get(), 2 * FRAMES);
-        assert!(crate::memory::work_done() >= before + FRAMES);
+        assert!(crate::work::work_done() >= before + FRAMES);
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl Events {
         online: watch::Receiver<bool>,
         shutdown: watch::Receiver<bool>,
     ) {
-        crate::health::on_each_return(online, shutdown, || self.replay(&upstream)).await
+        crate::autonomy::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends queued writes in order until the queue is empty or the cloud fails again.

@@ -4,8 +4,10 @@
 //! Reads are the cache's business ([`crate::edge`]). These are the requests a reboot sends that
 //! are not reads; [`Autonomy::classify`] picks them out at the route stage:
 //!
-//! - kubelet's own lease, always ([`crate::health::local_lease`]);
-//! - its node-status PATCH offline, replayed on return ([`crate::health::node_status`]);
+//! - kubelet's own lease, always ([`lease`]; its requests are the evidence the node agent's
+//!   heartbeat is gated on, [`KubeletCalls`]);
+//! - its node-status PATCH offline, replayed on return ([`node_status`], which also keeps the
+//!   `Autonomy` node condition, [`condition`]);
 //! - its TokenRequests: online the cloud's answers are kept, offline they are answered from
 //!   them ([`tokens`]);
 //! - its registration offline: 409 AlreadyExists for the cached Node ([`registration`]);
@@ -17,7 +19,11 @@
 //! Anything kept offline is the node's own report, never cloud truth: the cloud's answers win
 //! once it is back.
 
+mod calls;
+pub mod condition;
 pub mod events;
+pub mod lease;
+pub mod node_status;
 pub mod pods;
 pub mod registration;
 pub mod tokens;
@@ -28,13 +34,19 @@ use bytes::Bytes;
 use outpost_cache::Store;
 use outpost_core::{RequestInfo, Verb};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::edge::Edge;
-use crate::health::local_lease::LocalLease;
-use crate::health::node_status::NodeStatus;
 use crate::metrics::Metrics;
 use crate::upstream::Upstream;
+pub use calls::KubeletCalls;
+use lease::LocalLease;
+use node_status::NodeStatus;
+
+/// A named background task for the node agent to run.
+pub type Task = (
+    &'static str,
+    std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+);
 
 /// A request of kubelet's that the hub answers itself (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +70,9 @@ pub struct Autonomy {
 }
 
 impl Autonomy {
-    /// Takes up what was kept before a restart (pod statuses, queued events) and starts the
-    /// tasks that send it to the cloud on its return, and forget kept tokens no pod uses.
+    /// Takes up what was kept before a restart (pod statuses, queued events), and returns the
+    /// tasks (for the caller to run) that send it to the cloud on its return, and forget kept
+    /// tokens no pod uses.
     pub async fn start(
         edge: &Edge,
         upstream: &Arc<Upstream>,
@@ -67,7 +80,7 @@ impl Autonomy {
         node: &str,
         metrics: &Metrics,
         shutdown: &watch::Receiver<bool>,
-    ) -> (Autonomy, Vec<(&'static str, JoinHandle<()>)>) {
+    ) -> (Autonomy, Vec<Task>) {
         let store = edge.store();
         let pods = Arc::new(pods::PodStatuses::new(
             store.clone(),
@@ -83,10 +96,10 @@ impl Autonomy {
             metrics.clone(),
         ));
         let online = || edge.health().subscribe();
-        let tasks = vec![
+        let tasks: Vec<Task> = vec![
             (
                 "pod status replay",
-                tokio::spawn(pods.clone().replay_on_reconnect(
+                Box::pin(pods.clone().replay_on_reconnect(
                     upstream.clone(),
                     online(),
                     shutdown.clone(),
@@ -94,7 +107,7 @@ impl Autonomy {
             ),
             (
                 "event replay",
-                tokio::spawn(events.clone().replay_on_reconnect(
+                Box::pin(events.clone().replay_on_reconnect(
                     upstream.clone(),
                     online(),
                     shutdown.clone(),
@@ -102,7 +115,7 @@ impl Autonomy {
             ),
             (
                 "kept tokens",
-                tokio::spawn(tokens.clone().forget_stale(online(), shutdown.clone())),
+                Box::pin(tokens.clone().forget_stale(online(), shutdown.clone())),
             ),
         ];
         let autonomy = Autonomy {
@@ -160,6 +173,28 @@ async fn kept(store: &Arc<dyn Store>, prefix: &'static str, what: &str) -> Vec<(
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the {what} kept offline");
             Vec::new()
+        }
+    }
+}
+
+/// Runs `replay` now if the cloud answers, and again each time it comes back, until
+/// `shutdown`: how what the hub kept while offline (node and pod status, events) reaches the
+/// cloud.
+pub async fn on_each_return<F, Fut>(
+    mut online: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+    mut replay: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        if *online.borrow_and_update() {
+            replay().await;
+        }
+        tokio::select! {
+            changed = online.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
         }
     }
 }

@@ -182,7 +182,7 @@ impl PodStatuses {
         online: watch::Receiver<bool>,
         shutdown: watch::Receiver<bool>,
     ) {
-        crate::health::on_each_return(online, shutdown, || self.replay(&upstream)).await
+        crate::autonomy::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends every report; what could not be sent stays for the next return of the cloud.

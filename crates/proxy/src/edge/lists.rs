@@ -15,7 +15,7 @@ use bytes::Bytes;
 use outpost_cache::{ListResult, Scope, Store};
 
 use super::kinds::KindInfo;
-use super::offline;
+use super::reads;
 use crate::error::ProxyError;
 
 /// The covered list of a scope and its kind, shared.
@@ -80,7 +80,7 @@ impl ListMemo {
         if let Some(answer) = self.lookup(&query, seq) {
             return Ok((answer, Source::Memory));
         }
-        let (result, kind) = offline::covered_list(store, query.clone()).await?;
+        let (result, kind) = reads::covered_list(store, query.clone()).await?;
         let answer: Covered = Arc::new(Listed::new(result, kind));
         self.keep(query, seq, answer.clone());
         Ok((answer, Source::Store))

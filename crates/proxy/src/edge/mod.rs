@@ -2,7 +2,7 @@
 //!
 //! Start at [`Edge`]: the pipeline asks it three things, in lifecycle order.
 //! 1. *route*: [`Edge::plan`] — does the cache take part in this request, and under which key
-//!    ([`policy`]); [`Edge::is_offline`] — is every apiserver unhealthy ([`crate::health`]).
+//!    ([`policy`]); [`Edge::is_offline`] — is every apiserver unhealthy ([`crate::upstream::states`]).
 //! 2. *remote*: [`Edge::prepare_upstream`] asks for uncompressed JSON ([`negotiate`]);
 //!    [`Edge::tee`] copies a good response into the cache on its way to the client ([`tee`]),
 //!    and a single writer thread applies it ([`writer`]).
@@ -19,6 +19,7 @@ pub mod negotiate;
 pub mod offline;
 pub mod overlay;
 pub mod policy;
+pub mod reads;
 pub mod tee;
 pub mod watch;
 pub mod writer;
@@ -35,8 +36,8 @@ pub use writer::Writer;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
-use crate::health::ServerStates;
 use crate::metrics::Metrics;
+use crate::upstream::ServerStates;
 use tee::{Sink, TeeBody};
 use writer::CacheOp;
 

@@ -616,7 +616,7 @@ fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
         .cache_writes
         .with_label_values(&[label, outcome])
         .inc();
-    crate::memory::note_work();
+    crate::work::note_work();
 }
 
 /// Watch events of one scope applied as one store call: a group commit, one flush for the lot.

@@ -3,7 +3,7 @@
 //!
 //! kubelet, kube-proxy and coredns each list and watch Services (and kube-proxy and coredns
 //! EndpointSlices), and each relists after every reconnect. Here the hub lists and watches each
-//! pool-scope resource once ([`crate::reflector::Reflector`] feeding a [`store::Shared`]) and
+//! pool-scope resource once (a [`crate::feed`] the node agent runs, feeding a [`store::Shared`]) and
 //! answers every node-local LIST and WATCH of it from memory ([`serve`]), with the apiserver's
 //! semantics: selectors, resourceVersions, a window of recent changes to resume from, bookmarks.
 //!
@@ -28,19 +28,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Response};
-use outpost_cache::{Gvr, Store};
+use outpost_cache::Gvr;
 use outpost_core::{RequestInfo, Verb};
-use tokio::sync::watch;
 use tracing::info;
 
 use crate::body::ProxyBody;
 use crate::callers::{SecureCaller, TokenDigest};
 use crate::edge::negotiate;
 use crate::edge::overlay::{Overlay, Sent};
-use crate::health::ServerStates;
+use crate::feed::Feeds;
 use crate::metrics::Metrics;
-use crate::reflector::Reflector;
-use crate::upstream::Upstream;
+use crate::upstream::ServerStates;
 use store::{Feed, Selection, Shared};
 
 /// How long the apiserver's answer to a token's read authorises the same read here (the
@@ -108,7 +106,7 @@ pub struct Multiplexer {
     grants: Grants,
     metrics: Metrics,
     min_request_timeout: Duration,
-    shutdown: watch::Receiver<bool>,
+    feeds: Arc<dyn Feeds>,
     /// Edge mode: the node's own reports (its pods' new IPs), laid over offline answers.
     overlay: Option<Arc<Overlay>>,
 }
@@ -116,37 +114,33 @@ pub struct Multiplexer {
 /// One pool-scope resource: its store, and until the first read of it, its idle feed.
 struct Resource {
     gvr: Gvr,
+    /// The collection's path.
+    path: String,
     shared: Arc<Shared>,
     /// Started on the first read, as yurthub's multiplexer starts its cachers: a node where
     /// nothing reads the resource keeps none of it in memory.
-    feed: Mutex<Option<Reflector<Feed>>>,
+    feed: Mutex<Option<Feed>>,
 }
 
 impl Multiplexer {
-    /// A store and an idle reflector per resource (saving to `store`, in edge mode).
+    /// A store and an idle feed per resource, started through `feeds` on its first read.
     pub fn new(
         resources: &[PoolScopeResource],
-        upstream: &Arc<Upstream>,
-        store: Option<&Arc<dyn Store>>,
+        states: &Arc<ServerStates>,
+        feeds: Arc<dyn Feeds>,
         metrics: &Metrics,
         min_request_timeout: Duration,
-        shutdown: &watch::Receiver<bool>,
         overlay: Option<Arc<Overlay>>,
     ) -> Arc<Multiplexer> {
         let resources: Vec<Resource> = resources
             .iter()
             .map(|resource| {
                 let name = format!("pool-{}", resource.gvr);
-                let shared = Shared::new(name.clone(), resource.selectable());
-                let feed = Reflector::new(
-                    &name,
-                    resource.path(),
-                    upstream.clone(),
-                    store.cloned(),
-                    Feed(shared.clone()),
-                );
+                let shared = Shared::new(name, resource.selectable());
+                let feed = Feed(shared.clone());
                 Resource {
                     gvr: resource.gvr.clone(),
+                    path: resource.path(),
                     shared,
                     feed: Mutex::new(Some(feed)),
                 }
@@ -155,11 +149,11 @@ impl Multiplexer {
         info!(resources = ?resources.iter().map(|r| r.gvr.to_string()).collect::<Vec<_>>(), "pool-scope shared cache");
         Arc::new(Multiplexer {
             resources,
-            states: upstream.states().clone(),
+            states: states.clone(),
             grants: Grants::default(),
             metrics: metrics.clone(),
             min_request_timeout,
-            shutdown: shutdown.clone(),
+            feeds,
             overlay,
         })
     }
@@ -203,9 +197,10 @@ impl Multiplexer {
 
     fn start_feed(&self, resource: &Resource) {
         let mut feed = resource.feed.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(reflector) = feed.take() {
+        if let Some(feed) = feed.take() {
             info!(resource = %resource.shared.name, "first read: starting the shared cache's list and watch");
-            tokio::spawn(reflector.run(self.shutdown.clone()));
+            self.feeds
+                .start(&resource.shared.name, resource.path.clone(), Box::new(feed));
         }
     }
 }

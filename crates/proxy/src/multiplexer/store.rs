@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, watch};
 use tracing::warn;
 
 use crate::edge::kinds::{self, KindCheck, KindInfo, TypeMetaHead};
-use crate::reflector::{Handler, ListHead};
+use crate::feed::{Handler, ListHead};
 
 /// Changes kept for watches that resume from a resourceVersion. A watch from before the window
 /// is not answered here (its client is sent upstream, which replays or answers 410).
@@ -443,7 +443,7 @@ impl Handler for Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reflector::ListMeta;
+    use crate::feed::ListMeta;
 
     fn service(name: &str, rv: u64, app: &str, kind: bool) -> Bytes {
         let type_meta = if kind {

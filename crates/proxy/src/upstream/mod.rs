@@ -1,0 +1,501 @@
+//! The apiservers behind the hub and the pooled TLS clients that reach them.
+//!
+//! Two hyper clients share the pool settings: one presents the node's client certificate, one
+//! presents none (for callers with their own bearer token). [`Upstream::send`] performs one
+//! exchange with a deadline on the response headers and sorts failures into the upstream error
+//! kinds the rest of the proxy understands: unreachable (the connect failed), connection lost
+//! (after the request was sent), timeout, bad reply.
+//! [`Upstream::replace_tls`] swaps both clients when kubelet rotates the certificate the hub
+//! borrows (the node agent watches for that); requests already under way finish on the old ones.
+//! [`ServerStates`] ([`states`]) is which servers are healthy.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::TokioExecutor;
+use outpost_certs::{IdentityInfo, UpstreamTls};
+use prometheus::IntGaugeVec;
+use tokio::sync::watch;
+
+use crate::body::ProxyBody;
+use crate::connections::Counting;
+use crate::error::ProxyError;
+pub mod states;
+
+pub use states::ServerStates;
+
+/// How requests are spread over several `--server-addr` entries (`--lb-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LbMode {
+    /// Round-robin over the servers.
+    #[default]
+    RoundRobin,
+    /// Always the first server in flag order.
+    Priority,
+}
+
+/// One apiserver, as given in `--server-addr` (always https).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// `https://host:port`, used for building upstream URIs.
+    pub base: Uri,
+}
+
+impl Server {
+    /// Parses one `--server-addr` entry: a missing scheme means https, any other scheme is refused.
+    pub fn parse(addr: &str) -> Result<Server, String> {
+        let addr = addr.trim().trim_end_matches('/');
+        if addr.is_empty() {
+            return Err("empty server address".into());
+        }
+        let with_scheme = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("https://{addr}")
+        };
+        let uri: Uri = with_scheme
+            .parse()
+            .map_err(|e| format!("invalid server address {addr:?}: {e}"))?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!(
+                "server address {addr:?} must use https (got scheme {:?})",
+                uri.scheme_str().unwrap_or_default()
+            ));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("server address {addr:?} has no host"))?;
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(format!("server address {addr:?} must not have a path"));
+        }
+        let base = Uri::builder()
+            .scheme("https")
+            .authority(authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("invalid server address {addr:?}: {e}"))?;
+        Ok(Server { base })
+    }
+
+    /// `https://host:port` without the trailing slash, for logs and metric labels.
+    pub fn label(&self) -> String {
+        format!(
+            "https://{}",
+            self.base
+                .authority()
+                .map(|a| a.as_str())
+                .unwrap_or_default()
+        )
+    }
+
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        let authority = self.base.authority().cloned().unwrap_or_else(|| {
+            // Server::parse guarantees an authority; this branch only keeps the function total.
+            http::uri::Authority::from_static("invalid")
+        });
+        Uri::builder()
+            .scheme("https")
+            .authority(authority)
+            .path_and_query(path_and_query)
+            .build()
+    }
+}
+
+/// Settings of the upstream side.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub servers: Vec<Server>,
+    pub lb_mode: LbMode,
+    /// TCP connect limit; the TLS handshake falls under the header deadline.
+    pub connect_timeout: Duration,
+    /// Longest wait for response headers when the client set no shorter `?timeout=`.
+    pub request_timeout: Duration,
+    pub tls: UpstreamTls,
+}
+
+/// Which credentials the upstream request carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// The node's client certificate (the hub's own identity).
+    Node,
+    /// No client certificate: the caller's `Authorization: Bearer` header authenticates.
+    Bearer,
+}
+
+type HttpsClient = Client<HttpsConnector<Counting>, ProxyBody>;
+
+/// The pool of apiservers and the clients that talk to them.
+pub struct Upstream {
+    states: Arc<ServerStates>,
+    lb_mode: LbMode,
+    next: AtomicUsize,
+    clients: RwLock<Clients>,
+    /// The certificate the node client presents; readiness and metrics follow it.
+    identity: watch::Sender<IdentityInfo>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    /// Open connections per server, shared by every pool (see [`crate::connections`]).
+    connections: IntGaugeVec,
+}
+
+/// The two clients built from one [`UpstreamTls`].
+struct Clients {
+    node: HttpsClient,
+    bearer: HttpsClient,
+    tls: UpstreamTls,
+}
+
+impl Clients {
+    fn new(tls: UpstreamTls, connect_timeout: Duration, connections: &IntGaugeVec) -> Clients {
+        let client = |config: &rustls::ClientConfig| {
+            https_client(config.clone(), connect_timeout, connections.clone())
+        };
+        Clients {
+            node: client(&tls.with_identity),
+            bearer: client(&tls.without_identity),
+            tls,
+        }
+    }
+}
+
+impl Upstream {
+    /// `states` holds the same servers as `config.servers`, with their health.
+    /// `connections`: where open connections are counted (`outpost_upstream_connections`).
+    pub fn new(
+        config: UpstreamConfig,
+        states: Arc<ServerStates>,
+        connections: IntGaugeVec,
+    ) -> Upstream {
+        let identity = watch::Sender::new(config.tls.identity.clone());
+        let clients = Clients::new(config.tls, config.connect_timeout, &connections);
+        Upstream {
+            states,
+            lb_mode: config.lb_mode,
+            next: AtomicUsize::new(0),
+            clients: RwLock::new(clients),
+            identity,
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            connections,
+        }
+    }
+
+    /// The client certificate presented now, and its changes.
+    pub fn identity(&self) -> watch::Receiver<IdentityInfo> {
+        self.identity.subscribe()
+    }
+
+    /// The TLS identity requests present now.
+    pub fn tls(&self) -> UpstreamTls {
+        self.clients
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .tls
+            .clone()
+    }
+
+    /// Presents `tls` from the next request on: new clients with their own connection pools.
+    pub fn replace_tls(&self, tls: UpstreamTls) {
+        let identity = tls.identity.clone();
+        *self.clients.write().unwrap_or_else(|e| e.into_inner()) =
+            Clients::new(tls, self.connect_timeout, &self.connections);
+        self.identity.send_replace(identity);
+    }
+
+    /// Starts `req` on the current client for `identity`. The returned future owns what it
+    /// needs (hyper's client clones itself into it), so the lock is held only to start it.
+    fn start(&self, identity: Identity, req: Request<ProxyBody>) -> ResponseFuture {
+        let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
+        match identity {
+            Identity::Node => clients.node.request(req),
+            Identity::Bearer => clients.bearer.request(req),
+        }
+    }
+
+    pub fn states(&self) -> &Arc<ServerStates> {
+        &self.states
+    }
+
+    /// A healthy server for the next request, per `--lb-mode`: round-robin over the healthy
+    /// ones, or the first healthy one in flag order. `None` when none is healthy.
+    pub fn pick(&self) -> Option<&Server> {
+        self.pick_except(None)
+    }
+
+    /// [`Self::pick`], leaving `excluded` out (the server a retry must not go back to).
+    pub fn pick_except(&self, excluded: Option<&Server>) -> Option<&Server> {
+        let excluded = excluded.and_then(|s| self.states.index_of(s));
+        let healthy: Vec<usize> = (0..self.states.len())
+            .filter(|&i| self.states.is_healthy(i) && Some(i) != excluded)
+            .collect();
+        let index = match self.lb_mode {
+            LbMode::Priority => *healthy.first()?,
+            LbMode::RoundRobin => {
+                let n = self.next.fetch_add(1, Ordering::Relaxed);
+                *healthy.get(n % healthy.len().max(1))?
+            }
+        };
+        self.states.server(index)
+    }
+
+    /// Whether a healthy server other than `server` could take a retry.
+    pub fn has_other_healthy(&self, server: &Server) -> bool {
+        let this = self.states.index_of(server);
+        (0..self.states.len()).any(|i| Some(i) != this && self.states.is_healthy(i))
+    }
+
+    /// The deadline for response headers: the client's own `?timeout=` when shorter.
+    pub fn header_deadline(&self, client_timeout: Option<Duration>) -> Duration {
+        client_timeout
+            .filter(|t| !t.is_zero())
+            .map_or(self.request_timeout, |t| t.min(self.request_timeout))
+    }
+
+    /// Sends `req` (whose URI holds only path and query) to `server` and waits for the headers.
+    pub async fn send(
+        &self,
+        server: &Server,
+        identity: Identity,
+        mut req: Request<ProxyBody>,
+        deadline: Duration,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let path_and_query = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        *req.uri_mut() = server
+            .uri_for(&path_and_query)
+            .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
+        match tokio::time::timeout(deadline, self.start(identity, req)).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify_client_error(server, &e)),
+            Err(_elapsed) => Err(ProxyError::Timeout {
+                server: server.label(),
+                after: deadline,
+            }),
+        }
+    }
+}
+
+/// One of the hub's own requests: who asks, and with what body.
+pub struct OwnCall<'a> {
+    pub method: http::Method,
+    pub path: &'a str,
+    /// The hub's component name for this call (`outpost/heartbeat`…), so it shows in audit logs.
+    pub user_agent: &'static str,
+    /// `(content type, JSON)` for writes.
+    pub body: Option<(&'static str, serde_json::Value)>,
+    pub timeout: Duration,
+}
+
+/// Why [`Upstream::own_call_any`] has no answer.
+#[derive(Debug)]
+pub enum OwnCallError {
+    /// No server is healthy: the hub is offline.
+    Offline,
+    Failed(String),
+}
+
+impl Upstream {
+    /// [`Upstream::own_call`] to a healthy server, picked per `--lb-mode`.
+    pub async fn own_call_any(
+        &self,
+        call: OwnCall<'_>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), OwnCallError> {
+        let server = self.pick().ok_or(OwnCallError::Offline)?;
+        self.own_call(server, call)
+            .await
+            .map_err(OwnCallError::Failed)
+    }
+
+    /// Sends one of the hub's own requests as the node and reads the whole (small) answer,
+    /// bounded by the call's timeout for headers and body alike.
+    pub async fn own_call(
+        &self,
+        server: &Server,
+        call: OwnCall<'_>,
+    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+        use http_body_util::BodyExt;
+        // A GET that finds its pooled connection gone (the server restarted, a link came back)
+        // is sent once more on a fresh one, as the pipeline retries its reads.
+        let attempts = if call.method == http::Method::GET {
+            2
+        } else {
+            1
+        };
+        let mut sent = Err(ProxyError::NoUpstream);
+        for _ in 0..attempts {
+            sent = self
+                .send(server, Identity::Node, own_request(&call)?, call.timeout)
+                .await;
+            if !matches!(
+                sent,
+                Err(ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. })
+            ) {
+                break;
+            }
+        }
+        let resp = sent.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let bytes = tokio::time::timeout(call.timeout, resp.into_body().collect())
+            .await
+            .map_err(|_| format!("{} {}: response body timed out", call.user_agent, call.path))?
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, bytes))
+    }
+}
+
+/// The HTTP request for one of the hub's own calls.
+fn own_request(call: &OwnCall<'_>) -> Result<Request<ProxyBody>, String> {
+    let mut builder = Request::builder()
+        .method(call.method.clone())
+        .uri(call.path)
+        .header(http::header::USER_AGENT, call.user_agent)
+        .header(http::header::ACCEPT, "application/json");
+    let body = match &call.body {
+        Some((content_type, value)) => {
+            builder = builder.header(http::header::CONTENT_TYPE, *content_type);
+            crate::body::full(value.to_string())
+        }
+        None => crate::body::empty(),
+    };
+    builder.body(body).map_err(|e| e.to_string())
+}
+
+fn https_client(
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
+    connections: IntGaugeVec,
+) -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    // yurthub's 30 s keepalive, with probes every 10 s and 3 tries, so that a connection whose
+    // peer vanished is given up within a minute rather than Linux's default 11 minutes.
+    http.set_keepalive(Some(Duration::from_secs(30)));
+    http.set_keepalive_interval(Some(Duration::from_secs(10)));
+    http.set_keepalive_retries(Some(3));
+    // HTTP/1.1 only: exec/attach/port-forward need HTTP/1.1 upgrades end to end.
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .wrap_connector(Counting::new(http, connections));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(25)
+        .build(connector)
+}
+
+/// Sorts a client error into unreachable (connect/TLS, or the connection lost before any
+/// answer: a server going away while a pooled connection was in use) or bad reply (anything
+/// the server did answer that is not HTTP).
+fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Error) -> ProxyError {
+    let cause = crate::error::error_chain(err);
+    if err.is_connect() {
+        ProxyError::Unreachable {
+            server: server.label(),
+            cause,
+        }
+    } else if connection_lost(err) {
+        ProxyError::ConnectionLost {
+            server: server.label(),
+            cause,
+        }
+    } else {
+        ProxyError::BadReply {
+            server: server.label(),
+            cause,
+        }
+    }
+}
+
+/// Whether the connection closed or reset under the request, before a response arrived.
+fn connection_lost(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    let mut current = Some(err);
+    while let Some(e) = current {
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message() || h.is_closed())
+        {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        current = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_lost_under_a_request_counts_as_unreachable() {
+        use std::io::{Error, ErrorKind};
+        #[derive(Debug)]
+        struct Wrapped(Error);
+        impl std::fmt::Display for Wrapped {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("send request")
+            }
+        }
+        impl std::error::Error for Wrapped {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let eof = Wrapped(Error::new(ErrorKind::UnexpectedEof, "no close_notify"));
+        assert!(connection_lost(&eof));
+        assert!(connection_lost(&Error::from(ErrorKind::ConnectionReset)));
+        assert!(!connection_lost(&Wrapped(Error::other("bad header"))));
+    }
+
+    #[test]
+    fn server_addr_rules() {
+        assert_eq!(
+            Server::parse("10.0.0.1:6443").unwrap().label(),
+            "https://10.0.0.1:6443"
+        );
+        assert_eq!(
+            Server::parse("https://api.example:6443/").unwrap().label(),
+            "https://api.example:6443"
+        );
+        assert!(
+            Server::parse("http://10.0.0.1:6443")
+                .unwrap_err()
+                .contains("must use https")
+        );
+        assert!(Server::parse("").is_err());
+        assert!(Server::parse("https://h:1/prefix").is_err());
+    }
+
+    #[test]
+    fn uri_keeps_path_and_query() {
+        let s = Server::parse("127.0.0.1:1").unwrap();
+        let uri = s.uri_for("/api/v1/pods?watch=true").unwrap();
+        assert_eq!(
+            uri.to_string(),
+            "https://127.0.0.1:1/api/v1/pods?watch=true"
+        );
+    }
+}
