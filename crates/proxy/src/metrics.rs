@@ -70,306 +70,287 @@ pub struct Metrics {
     pub accept_errors: IntCounterVec,
 }
 
-impl Metrics {
-    pub fn new() -> Self {
-        let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "outpost_requests_total",
-                "Proxied requests by component, verb, resource and response code.",
-            ),
-            &["component", "verb", "resource", "code"],
-        )
-        .expect("valid metric definition");
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "outpost_in_flight_requests",
-                "Requests being served right now (watches count until their stream ends).",
-            ),
-            &REQUEST_LABELS,
-        )
-        .expect("valid metric definition");
-        let upstream_connections = IntGaugeVec::new(
-            Opts::new(
-                "outpost_upstream_connections",
-                "Open TCP connections to each apiserver, pooled or in use (see connections.rs).",
-            ),
-            &["server"],
-        )
-        .expect("valid metric definition");
-        let upstream_errors = IntCounterVec::new(
-            Opts::new(
-                "outpost_upstream_errors_total",
-                "Failed upstream exchanges by server and kind (unreachable, timeout, bad_reply).",
-            ),
-            &["server", "kind"],
-        )
-        .expect("valid metric definition");
-        let response_bytes = IntCounterVec::new(
-            Opts::new(
-                "outpost_proxied_response_bytes_total",
-                "Response body bytes sent to clients, by component and request.",
-            ),
-            &REQUEST_LABELS,
-        )
-        .expect("valid metric definition");
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "outpost_request_duration_seconds",
-                "Time from request to response headers, by verb.",
-            )
-            .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 30.0, 60.0,
-            ]),
-            &["verb"],
-        )
-        .expect("valid metric definition");
-        let client_cert_expiry = IntGaugeVec::new(
-            Opts::new(
-                "outpost_client_certificate_expiry_timestamp_seconds",
-                "Expiry (Unix time) of the client certificate the hub presents upstream.",
-            ),
-            &["user"],
-        )
-        .expect("valid metric definition");
-        let serving_cert_expiry = IntGauge::new(
-            "outpost_serving_certificate_expiry_timestamp_seconds",
-            "Expiry (Unix time) of the certificate the secure port presents; 0 until one is issued.",
-        )
-        .expect("valid metric definition");
-        let cache_writes = IntCounterVec::new(
-            Opts::new(
-                "outpost_cache_writes_total",
-                "Edge cache writes by operation (object, list, event, gone, document) and outcome.",
-            ),
-            &["op", "outcome"],
-        )
-        .expect("valid metric definition");
-        let cache_dropped = IntCounterVec::new(
-            Opts::new(
-                "outpost_cache_dropped_total",
-                "Edge cache operations dropped (writer queue full or response too large).",
-            ),
-            &["op"],
-        )
-        .expect("valid metric definition");
-        let cache_degraded = IntGauge::new(
-            "outpost_cache_degraded",
-            "1 while the edge cache cannot persist writes (disk full, read-only, I/O error).",
-        )
-        .expect("valid metric definition");
-        let cache_missed = IntCounterVec::new(
-            Opts::new(
-                "outpost_cache_missed_total",
-                "Responses passed on that the edge cache could not store (queue_full, too_large, no_space, write_failed, not_durable); each marks its scope stale.",
-            ),
-            &["reason"],
-        )
-        .expect("valid metric definition");
-        let cache_missed_scopes = IntGauge::new(
-            "outpost_cache_missed_scopes",
-            "Cached scopes known to have missed watch events: answered 503 offline until a LIST replaces them.",
-        )
-        .expect("valid metric definition");
-        let cache_served = IntCounterVec::new(
-            Opts::new(
-                "outpost_cache_served_total",
-                "Requests answered from the edge cache while the cloud is unreachable.",
-            ),
-            &["verb", "result"],
-        )
-        .expect("valid metric definition");
-        let shared_served = IntCounterVec::new(
-            Opts::new(
-                "outpost_shared_cache_served_total",
-                "Pool-scope LISTs and WATCHes answered from the shared in-memory cache.",
-            ),
-            &["resource", "verb"],
-        )
-        .expect("valid metric definition");
-        let autonomy = IntCounterVec::new(
-            Opts::new(
-                "outpost_autonomy_total",
-                "kubelet's requests the hub answered or kept while the cloud was unreachable \
+/// A metric's name, help text and labels (none for a single series).
+struct Def {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+}
+
+/// Makes metrics from their [`Def`]s and registers each as it is made.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn counters(&self, def: Def) -> IntCounterVec {
+        self.add(IntCounterVec::new(
+            Opts::new(def.name, def.help),
+            def.labels,
+        ))
+    }
+
+    fn gauges(&self, def: Def) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(def.name, def.help), def.labels))
+    }
+
+    fn counter(&self, def: Def) -> IntCounter {
+        self.add(IntCounter::new(def.name, def.help))
+    }
+
+    fn gauge(&self, def: Def) -> IntGauge {
+        self.add(IntGauge::new(def.name, def.help))
+    }
+
+    fn histograms(&self, def: Def, buckets: &[f64]) -> HistogramVec {
+        let opts = HistogramOpts::new(def.name, def.help).buckets(buckets.to_vec());
+        self.add(HistogramVec::new(opts, def.labels))
+    }
+
+    fn add<M: prometheus::core::Collector + Clone + 'static>(
+        &self,
+        made: prometheus::Result<M>,
+    ) -> M {
+        let metric = made.expect("valid metric definition");
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("metric names are unique");
+        metric
+    }
+}
+
+const REQUESTS: Def = Def {
+    name: "outpost_requests_total",
+    help: "Proxied requests by component, verb, resource and response code.",
+    labels: &["component", "verb", "resource", "code"],
+};
+
+const IN_FLIGHT: Def = Def {
+    name: "outpost_in_flight_requests",
+    help: "Requests being served right now (watches count until their stream ends).",
+    labels: &REQUEST_LABELS,
+};
+
+const UPSTREAM_CONNECTIONS: Def = Def {
+    name: "outpost_upstream_connections",
+    help: "Open TCP connections to each apiserver, pooled or in use (see connections.rs).",
+    labels: &["server"],
+};
+
+const UPSTREAM_ERRORS: Def = Def {
+    name: "outpost_upstream_errors_total",
+    help: "Failed upstream exchanges by server and kind (unreachable, timeout, bad_reply).",
+    labels: &["server", "kind"],
+};
+
+const RESPONSE_BYTES: Def = Def {
+    name: "outpost_proxied_response_bytes_total",
+    help: "Response body bytes sent to clients, by component and request.",
+    labels: &REQUEST_LABELS,
+};
+
+const LATENCY: Def = Def {
+    name: "outpost_request_duration_seconds",
+    help: "Time from request to response headers, by verb.",
+    labels: &["verb"],
+};
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+const CLIENT_CERT_EXPIRY: Def = Def {
+    name: "outpost_client_certificate_expiry_timestamp_seconds",
+    help: "Expiry (Unix time) of the client certificate the hub presents upstream.",
+    labels: &["user"],
+};
+
+const SERVING_CERT_EXPIRY: Def = Def {
+    name: "outpost_serving_certificate_expiry_timestamp_seconds",
+    help: "Expiry (Unix time) of the certificate the secure port presents; 0 until one is issued.",
+    labels: &[],
+};
+
+const CACHE_WRITES: Def = Def {
+    name: "outpost_cache_writes_total",
+    help: "Edge cache writes by operation (object, list, event, gone, document) and outcome.",
+    labels: &["op", "outcome"],
+};
+
+const CACHE_DROPPED: Def = Def {
+    name: "outpost_cache_dropped_total",
+    help: "Edge cache operations dropped (writer queue full or response too large).",
+    labels: &["op"],
+};
+
+const CACHE_DEGRADED: Def = Def {
+    name: "outpost_cache_degraded",
+    help: "1 while the edge cache cannot persist writes (disk full, read-only, I/O error).",
+    labels: &[],
+};
+
+const CACHE_MISSED: Def = Def {
+    name: "outpost_cache_missed_total",
+    help: "Responses passed on that the edge cache could not store (queue_full, too_large, no_space, write_failed, not_durable); each marks its scope stale.",
+    labels: &["reason"],
+};
+
+const CACHE_MISSED_SCOPES: Def = Def {
+    name: "outpost_cache_missed_scopes",
+    help: "Cached scopes known to have missed watch events: answered 503 offline until a LIST replaces them.",
+    labels: &[],
+};
+
+const CACHE_SERVED: Def = Def {
+    name: "outpost_cache_served_total",
+    help: "Requests answered from the edge cache while the cloud is unreachable.",
+    labels: &["verb", "result"],
+};
+
+const SHARED_SERVED: Def = Def {
+    name: "outpost_shared_cache_served_total",
+    help: "Pool-scope LISTs and WATCHes answered from the shared in-memory cache.",
+    labels: &["resource", "verb"],
+};
+
+const AUTONOMY: Def = Def {
+    name: "outpost_autonomy_total",
+    help: "kubelet's requests the hub answered or kept while the cloud was unreachable \
                  (service-account tokens, registration, pod status, events), and their replays \
                  to the cloud, by request and outcome.",
-            ),
-            &["request", "outcome"],
-        )
-        .expect("valid metric definition");
-        let cloud_online = IntGauge::new(
-            "outpost_cloud_online",
-            "1 while an apiserver answers, 0 while the hub serves from its cache.",
-        )
-        .expect("valid metric definition");
-        cloud_online.set(1);
-        let server_healthy = IntGaugeVec::new(
-            Opts::new(
-                "outpost_server_healthy",
-                "1 while the apiserver is healthy.",
-            ),
-            &["server"],
-        )
-        .expect("valid metric definition");
-        let server_transitions = IntCounterVec::new(
-            Opts::new(
-                "outpost_server_health_transitions_total",
-                "Apiserver health changes, by server and new state.",
-            ),
-            &["server", "to"],
-        )
-        .expect("valid metric definition");
-        let probe_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "outpost_probe_duration_seconds",
-                "Health probe (or node-lease renewal) latency, by server.",
-            )
-            .buckets(vec![
-                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
-            &["server"],
-        )
-        .expect("valid metric definition");
-        let lease_renewals = IntCounterVec::new(
-            Opts::new(
-                "outpost_node_lease_renewals_total",
-                "Node-lease heartbeats by result: renewed, skipped (kubelet not alive), failed.",
-            ),
-            &["result"],
-        )
-        .expect("valid metric definition");
-        let kubelet_healthz_ok = IntGauge::new(
-            "outpost_kubelet_healthz_ok",
-            "1 when kubelet's health endpoint last answered OK.",
-        )
-        .expect("valid metric definition");
-        let filtered = IntCounterVec::new(
-            Opts::new(
-                "outpost_filtered_total",
-                "Filtered bodies by object kind, shape (object, list, event, response) and outcome \
+    labels: &["request", "outcome"],
+};
+
+const CLOUD_ONLINE: Def = Def {
+    name: "outpost_cloud_online",
+    help: "1 while an apiserver answers, 0 while the hub serves from its cache.",
+    labels: &[],
+};
+
+const SERVER_HEALTHY: Def = Def {
+    name: "outpost_server_healthy",
+    help: "1 while the apiserver is healthy.",
+    labels: &["server"],
+};
+
+const SERVER_TRANSITIONS: Def = Def {
+    name: "outpost_server_health_transitions_total",
+    help: "Apiserver health changes, by server and new state.",
+    labels: &["server", "to"],
+};
+
+const PROBE_LATENCY: Def = Def {
+    name: "outpost_probe_duration_seconds",
+    help: "Health probe (or node-lease renewal) latency, by server.",
+    labels: &["server"],
+};
+
+const PROBE_LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+const LEASE_RENEWALS: Def = Def {
+    name: "outpost_node_lease_renewals_total",
+    help: "Node-lease heartbeats by result: renewed, skipped (kubelet not alive), failed.",
+    labels: &["result"],
+};
+
+const KUBELET_HEALTHZ_OK: Def = Def {
+    name: "outpost_kubelet_healthz_ok",
+    help: "1 when kubelet's health endpoint last answered OK.",
+    labels: &[],
+};
+
+const FILTERED: Def = Def {
+    name: "outpost_filtered_total",
+    help: "Filtered bodies by object kind, shape (object, list, event, response) and outcome \
                  (unchanged, replaced, undecodable: passed on as received).",
-            ),
-            &["kind", "shape", "outcome"],
-        )
-        .expect("valid metric definition");
-        let memory_trims = IntCounter::new(
-            "outpost_memory_trims_total",
-            "Times the hub gave memory freed by a burst of work back to the kernel (malloc_trim).",
-        )
-        .expect("valid metric definition");
-        let memory_trimmed_bytes = IntCounter::new(
-            "outpost_memory_trimmed_bytes_total",
-            "Anonymous resident memory those trims gave back to the kernel.",
-        )
-        .expect("valid metric definition");
-        let dummy_if_ready = IntGaugeVec::new(
-            Opts::new(
-                "outpost_dummy_interface_ready",
-                "1 while --dummy-if-ip is an address of the node (on --dummy-if-name, or on lo when \
+    labels: &["kind", "shape", "outcome"],
+};
+
+const MEMORY_TRIMS: Def = Def {
+    name: "outpost_memory_trims_total",
+    help: "Times the hub gave memory freed by a burst of work back to the kernel (malloc_trim).",
+    labels: &[],
+};
+
+const MEMORY_TRIMMED_BYTES: Def = Def {
+    name: "outpost_memory_trimmed_bytes_total",
+    help: "Anonymous resident memory those trims gave back to the kernel.",
+    labels: &[],
+};
+
+const DUMMY_IF_READY: Def = Def {
+    name: "outpost_dummy_interface_ready",
+    help: "1 while --dummy-if-ip is an address of the node (on --dummy-if-name, or on lo when \
                  the kernel has no dummy interfaces), 0 while it cannot be configured.",
-            ),
-            &["interface"],
-        )
-        .expect("valid metric definition");
-        let client_connections = IntGaugeVec::new(
-            Opts::new(
-                "outpost_client_connections",
-                "Open client connections per port (proxy, secure, admin).",
-            ),
-            &["port"],
-        )
-        .expect("valid metric definition");
-        let client_connections_closed = IntCounterVec::new(
-            Opts::new(
-                "outpost_client_connections_closed_total",
-                "Client connections the hub closed (header_timeout, idle_timeout, evicted: its slot \
+    labels: &["interface"],
+};
+
+const CLIENT_CONNECTIONS: Def = Def {
+    name: "outpost_client_connections",
+    help: "Open client connections per port (proxy, secure, admin).",
+    labels: &["port"],
+};
+
+const CLIENT_CONNECTIONS_CLOSED: Def = Def {
+    name: "outpost_client_connections_closed_total",
+    help: "Client connections the hub closed (header_timeout, idle_timeout, evicted: its slot \
                  went to a newer connection) or refused (refused: the port was full of busy ones).",
-            ),
-            &["port", "reason"],
-        )
-        .expect("valid metric definition");
-        let accept_errors = IntCounterVec::new(
-            Opts::new(
-                "outpost_accept_errors_total",
-                "Failed accepts per port (out of file descriptors, mostly).",
-            ),
-            &["port"],
-        )
-        .expect("valid metric definition");
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(client_connections.clone()),
-            Box::new(client_connections_closed.clone()),
-            Box::new(accept_errors.clone()),
-            Box::new(in_flight.clone()),
-            Box::new(upstream_errors.clone()),
-            Box::new(upstream_connections.clone()),
-            Box::new(response_bytes.clone()),
-            Box::new(latency.clone()),
-            Box::new(client_cert_expiry.clone()),
-            Box::new(serving_cert_expiry.clone()),
-            Box::new(cache_writes.clone()),
-            Box::new(cache_dropped.clone()),
-            Box::new(cache_degraded.clone()),
-            Box::new(cache_missed.clone()),
-            Box::new(cache_missed_scopes.clone()),
-            Box::new(cache_served.clone()),
-            Box::new(shared_served.clone()),
-            Box::new(autonomy.clone()),
-            Box::new(cloud_online.clone()),
-            Box::new(server_healthy.clone()),
-            Box::new(server_transitions.clone()),
-            Box::new(probe_latency.clone()),
-            Box::new(lease_renewals.clone()),
-            Box::new(kubelet_healthz_ok.clone()),
-            Box::new(filtered.clone()),
-            Box::new(memory_trims.clone()),
-            Box::new(memory_trimmed_bytes.clone()),
-            Box::new(dummy_if_ready.clone()),
-        ] {
-            registry.register(c).expect("metric names are unique");
-        }
+    labels: &["port", "reason"],
+};
+
+const ACCEPT_ERRORS: Def = Def {
+    name: "outpost_accept_errors_total",
+    help: "Failed accepts per port (out of file descriptors, mostly).",
+    labels: &["port"],
+};
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registrar(Registry::new());
+        let metrics = Metrics {
+            requests: r.counters(REQUESTS),
+            in_flight: r.gauges(IN_FLIGHT),
+            upstream_connections: r.gauges(UPSTREAM_CONNECTIONS),
+            upstream_errors: r.counters(UPSTREAM_ERRORS),
+            response_bytes: r.counters(RESPONSE_BYTES),
+            latency: r.histograms(LATENCY, LATENCY_BUCKETS),
+            client_cert_expiry: r.gauges(CLIENT_CERT_EXPIRY),
+            serving_cert_expiry: r.gauge(SERVING_CERT_EXPIRY),
+            cache_writes: r.counters(CACHE_WRITES),
+            cache_dropped: r.counters(CACHE_DROPPED),
+            cache_degraded: r.gauge(CACHE_DEGRADED),
+            cache_missed: r.counters(CACHE_MISSED),
+            cache_missed_scopes: r.gauge(CACHE_MISSED_SCOPES),
+            cache_served: r.counters(CACHE_SERVED),
+            shared_served: r.counters(SHARED_SERVED),
+            autonomy: r.counters(AUTONOMY),
+            cloud_online: r.gauge(CLOUD_ONLINE),
+            server_healthy: r.gauges(SERVER_HEALTHY),
+            server_transitions: r.counters(SERVER_TRANSITIONS),
+            probe_latency: r.histograms(PROBE_LATENCY, PROBE_LATENCY_BUCKETS),
+            lease_renewals: r.counters(LEASE_RENEWALS),
+            kubelet_healthz_ok: r.gauge(KUBELET_HEALTHZ_OK),
+            filtered: r.counters(FILTERED),
+            memory_trims: r.counter(MEMORY_TRIMS),
+            memory_trimmed_bytes: r.counter(MEMORY_TRIMMED_BYTES),
+            dummy_if_ready: r.gauges(DUMMY_IF_READY),
+            client_connections: r.gauges(CLIENT_CONNECTIONS),
+            client_connections_closed: r.counters(CLIENT_CONNECTIONS_CLOSED),
+            accept_errors: r.counters(ACCEPT_ERRORS),
+            registry: r.0,
+        };
+        metrics.cloud_online.set(1);
         // process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds…: what
         // yurthub's default process collector exports, and what node dashboards graph.
         #[cfg(target_os = "linux")]
-        registry
+        metrics
+            .registry
             .register(Box::new(
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metric names are unique");
-        Metrics {
-            registry,
-            requests,
-            in_flight,
-            upstream_errors,
-            upstream_connections,
-            response_bytes,
-            latency,
-            client_cert_expiry,
-            serving_cert_expiry,
-            cache_writes,
-            cache_dropped,
-            cache_degraded,
-            cache_missed,
-            cache_missed_scopes,
-            cache_served,
-            shared_served,
-            autonomy,
-            cloud_online,
-            server_healthy,
-            server_transitions,
-            probe_latency,
-            lease_renewals,
-            kubelet_healthz_ok,
-            filtered,
-            memory_trims,
-            memory_trimmed_bytes,
-            dummy_if_ready,
-            client_connections,
-            client_connections_closed,
-            accept_errors,
-        }
+        metrics
     }
 
     /// The connection metrics of one port ([`crate::slots`]).
