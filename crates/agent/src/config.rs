@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::listen::slots::ClientLimits;
 use outpost_proxy::edge::CacheAgents;
 use outpost_proxy::multiplexer::PoolScopeResource;
-use outpost_proxy::slots::ClientLimits;
 use outpost_proxy::upstream::UpstreamConfig;
 
 use crate::health::HealthConfig;

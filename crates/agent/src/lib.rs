@@ -15,6 +15,7 @@
 //!   dump of `kill -USR1`.
 //! - [`admin`]: the admin port (`/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`, `/v1/token`,
 //!   OTA).
+//! - [`listen`]: the ports' accept loops and what each allows its clients.
 //! - [`supervisor`]: the hub's tasks and their shutdown.
 
 pub mod admin;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod health;
 pub mod host;
 pub mod identity;
+pub mod listen;
 pub mod side;
 pub mod supervisor;
 
@@ -30,7 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use host::dummy_if::DummyInterface;
+use listen::server;
+use listen::slots::{self, Slots, port_metrics};
 use outpost_certs::serving::CertSlot;
+use outpost_proxy::Metrics;
 use outpost_proxy::autonomy::lease::LocalLease;
 use outpost_proxy::autonomy::node_status::NodeStatus;
 use outpost_proxy::autonomy::{Autonomy, KubeletCalls};
@@ -38,9 +43,7 @@ use outpost_proxy::callers::{Entry, VerifiedTokens};
 use outpost_proxy::edge::{self, Edge};
 use outpost_proxy::multiplexer::Multiplexer;
 use outpost_proxy::pipeline::Pipeline;
-use outpost_proxy::slots::{self, Slots};
 use outpost_proxy::upstream::{ServerStates, Upstream};
-use outpost_proxy::{Metrics, server};
 use tokio::net::TcpListener;
 use tracing::info;
 
@@ -353,7 +356,7 @@ impl Ports {
         if let (Some((listener, _)), Some(secure), Some(slot)) =
             (self.secure, &config.secure, self.serving_cert)
         {
-            let slots = Slots::new("secure", budget.secure, metrics.port("secure"));
+            let slots = Slots::new("secure", budget.secure, port_metrics(metrics, "secure"));
             let certificate = identity::serving_cert_config(config, secure, self.proxy.1);
             identity::keep_serving_certificate(certificate, &slot, &pipeline, &tasks);
             let acceptor = tokio_rustls::TlsAcceptor::from(slot.server_config());
@@ -365,14 +368,14 @@ impl Ports {
             );
         }
         let served = pipeline.clone();
-        let slots = Slots::new("proxy", budget.proxy, metrics.port("proxy"));
+        let slots = Slots::new("proxy", budget.proxy, port_metrics(metrics, "proxy"));
         let handle = move |req| served.clone().handle(req, Entry::Plain);
         tasks.spawn(
             "proxy port",
             server::serve(self.proxy.0, slots, handle, tasks.stopping()),
         );
         let served = admin.clone();
-        let slots = Slots::new("admin", budget.admin, metrics.port("admin"));
+        let slots = Slots::new("admin", budget.admin, port_metrics(metrics, "admin"));
         let handle = move |req| served.clone().handle(req);
         tasks.spawn(
             "admin port",

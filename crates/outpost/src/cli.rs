@@ -12,11 +12,11 @@ use outpost_agent::FilterSettings;
 use outpost_agent::health::{HealthConfig, HeartbeatConfig};
 use outpost_agent::host::dummy_if::DummyIfConfig;
 use outpost_agent::identity::bootstrap::{IdentityFiles, TokenBootstrap};
+use outpost_agent::listen::slots::ClientLimits;
 use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
 use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
-use outpost_proxy::slots::ClientLimits;
 use outpost_proxy::{LbMode, Server};
 
 /// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.

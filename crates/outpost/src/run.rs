@@ -183,7 +183,7 @@ fn tighten(dirs: &[&Path]) {
 }
 
 /// Raises the soft open-files limit to the hard one, as Go programs (yurthub among them) do at
-/// start: the ports' connection caps are sized from it ([`outpost_proxy::slots`]).
+/// start: the ports' connection caps are sized from it ([`outpost_agent::listen::slots`]).
 fn raise_open_files_limit() {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);

@@ -2,9 +2,9 @@
 //!
 //! Start reading at [`pipeline`]: it spells out the request lifecycle (classify → route →
 //! remote | cache → filter → respond) and the code follows that order. The node agent
-//! (`outpost-agent`) builds a [`pipeline::Pipeline`] and serves it on its listeners with
-//! [`server`]; what the request path needs from the agent (lists and watches it runs, side data
-//! it keeps) comes in through [`feed`] and plain handles.
+//! (`outpost-agent`) builds a [`pipeline::Pipeline`] and serves [`pipeline::Pipeline::handle`] on
+//! its listeners; what the request path needs from the agent (lists and watches it runs, side
+//! data it keeps) comes in through [`feed`] and plain handles.
 //!
 //! - [`pipeline`]: the stages of one request; [`route`]: what serves it ([`route::Serve`]).
 //! - [`upstream`]: apiserver addresses, load-balancing mode, pooled TLS clients, error sorting,
@@ -19,9 +19,7 @@
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection; [`callers`]: the plain and
 //!   secure entries, and the tokens the cache may answer offline.
 //! - [`body`], [`objects`]: response bodies, and request bodies read as objects.
-//! - [`server`]: HTTP/1.1 accept loops (plain and TLS) with graceful shutdown; [`slots`]: what
-//!   each port allows its clients (a connection cap, header-read and idle timeouts);
-//!   [`connections`]: counted upstream connections.
+//! - [`connections`]: counted upstream connections.
 //! - [`metrics`]: every metric the hub exports; [`work`]: how busy the request path is.
 
 pub mod autonomy;
@@ -38,8 +36,6 @@ pub mod multiplexer;
 pub(crate) mod objects;
 pub mod pipeline;
 pub mod route;
-pub mod server;
-pub mod slots;
 pub mod upstream;
 pub mod work;
 

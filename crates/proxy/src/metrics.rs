@@ -353,15 +353,6 @@ impl Metrics {
         metrics
     }
 
-    /// The connection metrics of one port ([`crate::slots`]).
-    pub fn port(&self, port: &'static str) -> crate::slots::PortMetrics {
-        crate::slots::PortMetrics {
-            open: self.client_connections.with_label_values(&[port]),
-            closed: self.client_connections_closed.clone(),
-            accept_errors: self.accept_errors.with_label_values(&[port]),
-        }
-    }
-
     /// The expiry of the client certificate presented now (the only one with a value).
     pub fn record_client_certificate(&self, identity: &outpost_certs::IdentityInfo) {
         self.client_cert_expiry.reset();

@@ -1,7 +1,7 @@
 //! What a listening port allows its clients: how many connections it keeps open, how long a
 //! request's head may take, how long a keep-alive connection may sit idle.
 //!
-//! Start at [`Slots`]: the accept loop ([`crate::server`]) asks it for a slot per accepted
+//! Start at [`Slots`]: the accept loop ([`super::server`]) asks it for a slot per accepted
 //! connection. Below the cap every connection gets one. At the cap the port closes the
 //! connection that has waited longest for a request head, preferring one that never completed
 //! a request (a slowloris, a port scan) over an idle keep-alive connection of a real client,
@@ -442,6 +442,15 @@ impl Drop for Serving {
         state.served.store(true, Ordering::Release);
         state.busy.store(false, Ordering::Release);
         state.changed.notify_one();
+    }
+}
+
+/// The connection metrics of `port` (proxy, secure, admin).
+pub fn port_metrics(metrics: &outpost_proxy::Metrics, port: &'static str) -> PortMetrics {
+    PortMetrics {
+        open: metrics.client_connections.with_label_values(&[port]),
+        closed: metrics.client_connections_closed.clone(),
+        accept_errors: metrics.accept_errors.with_label_values(&[port]),
     }
 }
 

@@ -25,8 +25,8 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::body::ProxyBody;
-use crate::slots::{Requests, Serving, Slots};
+use super::slots::{Requests, Serving, Slots};
+use outpost_proxy::body::ProxyBody;
 
 /// How long open connections (watches, tunnels) may run on after shutdown is signalled.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -132,7 +132,7 @@ fn refuse(stream: tokio::net::TcpStream, plain: bool) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static REFUSING: AtomicUsize = AtomicUsize::new(0);
     static REFUSED: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
-        let status = crate::ProxyError::NoRoom.into_status();
+        let status = outpost_proxy::ProxyError::NoRoom.into_status();
         let body = status.to_json();
         let mut out = format!(
             "HTTP/1.1 {} Service Unavailable\r\nContent-Type: application/json\r\n\
@@ -302,7 +302,7 @@ struct Served {
 
 impl http_body::Body for Served {
     type Data = bytes::Bytes;
-    type Error = crate::body::BoxError;
+    type Error = outpost_proxy::body::BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
