@@ -443,12 +443,7 @@ impl HubFlags {
             return Err("--heartbeat-timeout-seconds must be at least 1".into());
         }
         let dummy_if_ip = self.dummy_if_ip()?;
-        let node_ip = given(&self.node_ip)
-            .map(|ip| {
-                ip.parse::<IpAddr>()
-                    .map_err(|e| format!("--node-ip: {ip:?}: {e}"))
-            })
-            .transpose()?;
+        let node_ip = self.node_ip()?;
         if self.dummy_if_name.len() > 15 {
             return Err(format!(
                 "--dummy-if-name: {:?} is longer than 15 characters",
@@ -463,15 +458,7 @@ impl HubFlags {
                 "--client-header-timeout and --client-idle-timeout must be more than 0".into(),
             );
         }
-        let pool_scope = self
-            .pool_scope_resources
-            .iter()
-            .filter(|r| !r.trim().is_empty())
-            .map(|r| {
-                r.parse()
-                    .map_err(|e| format!("--pool-scope-resources: {e}"))
-            })
-            .collect::<Result<Vec<PoolScopeResource>, String>>()?;
+        let pool_scope = self.pool_scope()?;
         Ok(ValidatedHub {
             servers,
             node_name: node_name.clone(),
@@ -491,21 +478,7 @@ impl HubFlags {
                 LbModeFlag::Priority => LbMode::Priority,
             },
             namespace: self.namespace.clone(),
-            filters: FilterSettings {
-                config: FilterConfig {
-                    enabled: self.enable_resource_filter,
-                    disabled: self.disabled_resource_filters.clone(),
-                    cloud_mode: self.working_mode == WorkingMode::Cloud,
-                },
-                pool_name: nodepool_name.clone(),
-                hub_host: if self.enable_dummy_if {
-                    dummy_if_ip
-                } else {
-                    self.bind_proxy_address
-                },
-                hub_port: self.proxy_secure_port,
-                node_buckets: self.enable_pool_service_topology,
-            },
+            filters: self.filter_settings(nodepool_name.clone(), dummy_if_ip),
             health,
             min_request_timeout: self.min_request_timeout,
             node_ip,
@@ -514,12 +487,7 @@ impl HubFlags {
                 name: self.dummy_if_name.clone(),
                 ip: dummy_if_ip,
             }),
-            clients: ClientLimits {
-                header_timeout: self.client_header_timeout,
-                idle_timeout: self.client_idle_timeout,
-                max_per_port: (self.max_connections_per_port > 0)
-                    .then_some(self.max_connections_per_port),
-            },
+            clients: self.client_limits(),
         })
     }
 }
@@ -534,6 +502,57 @@ pub enum IdentitySource {
 }
 
 impl HubFlags {
+    /// `--node-ip`, when given.
+    fn node_ip(&self) -> Result<Option<IpAddr>, String> {
+        given(&self.node_ip)
+            .map(|ip| {
+                ip.parse::<IpAddr>()
+                    .map_err(|e| format!("--node-ip: {ip:?}: {e}"))
+            })
+            .transpose()
+    }
+
+    /// `--pool-scope-resources`.
+    fn pool_scope(&self) -> Result<Vec<PoolScopeResource>, String> {
+        self.pool_scope_resources
+            .iter()
+            .filter(|r| !r.trim().is_empty())
+            .map(|r| {
+                r.parse()
+                    .map_err(|e| format!("--pool-scope-resources: {e}"))
+            })
+            .collect()
+    }
+
+    /// The filter flags, with where rewritten Services send in-cluster clients.
+    fn filter_settings(&self, pool_name: Option<String>, dummy_if_ip: IpAddr) -> FilterSettings {
+        FilterSettings {
+            config: FilterConfig {
+                enabled: self.enable_resource_filter,
+                disabled: self.disabled_resource_filters.clone(),
+                cloud_mode: self.working_mode == WorkingMode::Cloud,
+            },
+            pool_name,
+            hub_host: if self.enable_dummy_if {
+                dummy_if_ip
+            } else {
+                self.bind_proxy_address
+            },
+            hub_port: self.proxy_secure_port,
+            node_buckets: self.enable_pool_service_topology,
+        }
+    }
+
+    /// `--client-header-timeout`, `--client-idle-timeout`, `--max-connections-per-port`.
+    fn client_limits(&self) -> ClientLimits {
+        ClientLimits {
+            header_timeout: self.client_header_timeout,
+            idle_timeout: self.client_idle_timeout,
+            max_per_port: (self.max_connections_per_port > 0)
+                .then_some(self.max_connections_per_port),
+        }
+    }
+
     /// yurthub's token-mode checks: a token source, and a CA pin unless explicitly skipped.
     fn identity_source(
         &self,

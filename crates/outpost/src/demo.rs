@@ -157,9 +157,30 @@ async fn reboot_offline(
     cache_dir: &std::path::Path,
     hub: Hub,
 ) -> Result<()> {
-    use outpost_testkit::kubelet_boot::{self, Boot, Scenario};
     let old_ip = |i: usize| format!("10.244.1.{}", 10 + i);
     let new_ip = |i: usize| format!("10.244.1.{}", 100 + i);
+    boot_online(fake, &hub, &old_ip).await?;
+    step("the node reboots while the link to the cloud is down");
+    fake.refuse_connections();
+    fake.cut_watches();
+    hub.shutdown().await;
+    let hub = start_hub(fake, files, cache_dir).await?;
+    wait_for(&hub, false).await?;
+    println!("    hub restarted from its cache; the cloud is unreachable");
+
+    boot_offline(&hub, &new_ip).await?;
+    until_the_cloud_learns(fake, &new_ip(0)).await?;
+    hub.shutdown().await;
+    Ok(())
+}
+
+/// The cloud's web app on this node, and kubelet's first boot through the hub, online.
+async fn boot_online(
+    fake: &FakeApiServer,
+    hub: &Hub,
+    old_ip: &(dyn Fn(usize) -> String + Sync),
+) -> Result<()> {
+    use outpost_testkit::kubelet_boot::{self, Boot, Scenario};
     step(
         "the cloud runs a web app on this node: pods with a ConfigMap, a Secret, a service-account token, and a Service",
     );
@@ -168,12 +189,12 @@ async fn reboot_offline(
             .map_err(|s| anyhow::anyhow!("delete {name}: {}", s.message))?;
     }
     Scenario::create(fake, NODE, 2, old_ip);
-    wait_for(&hub, true).await?;
+    wait_for(hub, true).await?;
     let online = kubelet_boot::replay(&Boot {
         hub: hub.proxy_addr(),
         node: NODE,
         boot_id: "boot-1",
-        pod_ip: &old_ip,
+        pod_ip: old_ip,
         now: "2026-11-26T10:00:00Z",
     })
     .await;
@@ -190,20 +211,19 @@ async fn reboot_offline(
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    step("the node reboots while the link to the cloud is down");
-    fake.refuse_connections();
-    fake.cut_watches();
-    hub.shutdown().await;
-    let hub = start_hub(fake, files, cache_dir).await?;
-    wait_for(&hub, false).await?;
-    println!("    hub restarted from its cache; the cloud is unreachable");
+    Ok(())
+}
 
+/// kubelet's boot through the hub restarted offline: every request answered, kube-proxy sees
+/// the pods' new IPs.
+async fn boot_offline(hub: &Hub, new_ip: &(dyn Fn(usize) -> String + Sync)) -> Result<()> {
+    use outpost_testkit::kubelet_boot::{self, Boot};
     step("kubelet boots: registration, lease, pods, ConfigMaps, Secrets, tokens, status, events");
     let offline = kubelet_boot::replay(&Boot {
         hub: hub.proxy_addr(),
         node: NODE,
         boot_id: "boot-2",
-        pod_ip: &new_ip,
+        pod_ip: new_ip,
         now: "2026-11-26T11:00:00Z",
     })
     .await;
@@ -251,6 +271,12 @@ async fn reboot_offline(
         "kube-proxy's slices: {slices:?}"
     );
 
+    Ok(())
+}
+
+/// The link returns: the cloud gets the node's and the pods' offline status and events.
+async fn until_the_cloud_learns(fake: &FakeApiServer, new_ip_0: &str) -> Result<()> {
+    use outpost_testkit::kubelet_boot;
     step("the link returns: the cloud gets the node's and the pods' offline status and events");
     fake.restore().await;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -259,10 +285,10 @@ async fn reboot_offline(
             .get("v1/pods", Some(kubelet_boot::NAMESPACE), "web-0")
             .map(|p| p["status"]["podIP"].clone());
         let events = fake.list("v1/events", Some(kubelet_boot::NAMESPACE)).len();
-        if pod_ip == Some(json!(new_ip(0))) && events >= 4 {
+        if pod_ip == Some(json!(new_ip_0)) && events >= 4 {
             println!(
                 "    the cloud's web-0 has podIP {}; {events} events recorded",
-                new_ip(0)
+                new_ip_0
             );
             break;
         }
@@ -272,7 +298,6 @@ async fn reboot_offline(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    hub.shutdown().await;
     Ok(())
 }
 
@@ -371,6 +396,15 @@ async fn offline_and_back(
             .join(", "),
         list.metadata.resource_version.unwrap_or_default()
     );
+    change_the_cloud(fake, view).await?;
+    the_link_returns(fake, view).await?;
+    second_outage(fake, pods, fields).await?;
+    fake.restore().await;
+    Ok(())
+}
+
+/// While the node is offline, the cloud changes; kubelet keeps what it saw.
+async fn change_the_cloud(fake: &FakeApiServer, view: &Store<Pod>) -> Result<()> {
     step(
         "while the node is offline, the cloud changes: web-2 added, web-0 relabelled, web-1 deleted",
     );
@@ -390,6 +424,11 @@ async fn offline_and_back(
         names(view).join(", ")
     );
 
+    Ok(())
+}
+
+/// The link returns: offline watches end, and kubelet converges on the cloud's changes.
+async fn the_link_returns(fake: &FakeApiServer, view: &Store<Pod>) -> Result<()> {
     step("the link returns: offline watches end, kubelet resumes against the cloud");
     let back = Instant::now();
     fake.restore().await;
@@ -410,6 +449,11 @@ async fn offline_and_back(
         back.elapsed().as_millis()
     );
 
+    Ok(())
+}
+
+/// A second outage serves the converged state: nothing stale, nothing resurrected.
+async fn second_outage(fake: &FakeApiServer, pods: &Api<Pod>, fields: &str) -> Result<()> {
     step("a second outage serves the converged state, nothing stale, nothing resurrected");
     fake.refuse_connections();
     fake.cut_watches();
@@ -431,7 +475,6 @@ async fn offline_and_back(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    fake.restore().await;
     Ok(())
 }
 

@@ -414,39 +414,11 @@ pub fn component_label(component: Option<&str>) -> &'static str {
 /// persist, and the build. The multiplexer's and the connection tracker's have no counterpart.
 pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
     let find = |name: &str| gathered.iter().find(|f| f.name() == name);
-    let request_labels = [
-        ("component", "client"),
-        ("verb", "verb"),
-        ("resource", "resource"),
-        ("subresource", "subresources"),
-    ];
-    let mut out = Vec::new();
-    if let Some(healthy) = find("outpost_server_healthy") {
-        out.push(renamed(
-            healthy,
-            "node_yurthub_server_healthy_status",
-            "healthy status of remote servers. 1: healthy, 0: unhealthy",
-            &[("server", "server")],
-        ));
-    }
-    if let Some(connections) = find("outpost_upstream_connections") {
-        out.push(renamed(
-            connections,
-            "node_yurthub_closable_conns_collector",
-            "collector of underlay tcp connection from hub agent to remote server",
-            &[("server", "server")],
-        ));
-    }
-    let in_flight = find("outpost_in_flight_requests");
-    if let Some(in_flight) = in_flight {
-        out.push(renamed(
-            in_flight,
-            "node_yurthub_in_flight_requests_collector",
-            "collector of in flight requests handling by hub agent",
-            &request_labels,
-        ));
-    }
-    let total: f64 = in_flight
+    let mut out: Vec<MetricFamily> = RENAMED
+        .iter()
+        .filter_map(|r| Some(renamed(find(r.from)?, r.name, r.help, r.labels)))
+        .collect();
+    let total: f64 = find("outpost_in_flight_requests")
         .map(|f| f.get_metric().iter().map(value).sum())
         .unwrap_or_default();
     out.push(single(
@@ -456,14 +428,6 @@ pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
         Vec::new(),
         total,
     ));
-    if let Some(bytes) = find("outpost_proxied_response_bytes_total") {
-        out.push(renamed(
-            bytes,
-            "node_yurthub_proxy_traffic_collector",
-            "collector of proxy response traffic by hub agent(unit: byte)",
-            &request_labels,
-        ));
-    }
     let degraded = find("outpost_cache_degraded")
         .and_then(|f| f.get_metric().first())
         .map_or(0.0, value);
@@ -474,7 +438,56 @@ pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
         Vec::new(),
         if degraded > 0.0 { 0.0 } else { 1.0 },
     ));
-    out.push(single(
+    out.push(version_info());
+    out
+}
+
+/// One of ours exported again under yurthub's name, help and label names.
+struct Renamed {
+    from: &'static str,
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [(&'static str, &'static str)],
+}
+
+/// yurthub's labels of a request (ours → theirs).
+const YURTHUB_REQUEST_LABELS: &[(&str, &str)] = &[
+    ("component", "client"),
+    ("verb", "verb"),
+    ("resource", "resource"),
+    ("subresource", "subresources"),
+];
+
+const RENAMED: &[Renamed] = &[
+    Renamed {
+        from: "outpost_server_healthy",
+        name: "node_yurthub_server_healthy_status",
+        help: "healthy status of remote servers. 1: healthy, 0: unhealthy",
+        labels: &[("server", "server")],
+    },
+    Renamed {
+        from: "outpost_upstream_connections",
+        name: "node_yurthub_closable_conns_collector",
+        help: "collector of underlay tcp connection from hub agent to remote server",
+        labels: &[("server", "server")],
+    },
+    Renamed {
+        from: "outpost_in_flight_requests",
+        name: "node_yurthub_in_flight_requests_collector",
+        help: "collector of in flight requests handling by hub agent",
+        labels: YURTHUB_REQUEST_LABELS,
+    },
+    Renamed {
+        from: "outpost_proxied_response_bytes_total",
+        name: "node_yurthub_proxy_traffic_collector",
+        help: "collector of proxy response traffic by hub agent(unit: byte)",
+        labels: YURTHUB_REQUEST_LABELS,
+    },
+];
+
+/// `openyurt_version_info`, as yurthub exports it.
+fn version_info() -> MetricFamily {
+    single(
         "openyurt_version_info",
         "A metric with a constant '1' value labeled by git version, git commit, build date, \
          compiler, platform and component name from which OpenYurt was built.",
@@ -500,8 +513,7 @@ pub fn yurthub_families(gathered: &[MetricFamily]) -> Vec<MetricFamily> {
             label("nodepoollabelkey", "apps.openyurt.io/nodepool"),
         ],
         1.0,
-    ));
-    out
+    )
 }
 
 /// `family` under yurthub's `name`, each metric's labels renamed by `labels` (from, to).

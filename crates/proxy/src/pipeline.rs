@@ -366,51 +366,13 @@ impl Pipeline {
         req: Request<ProxyBody>,
         exchange: &Exchange,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let per_attempt = self.deadline(info, route.cache.as_ref());
         let (parts, body) = req.into_parts();
-        let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
-        let mut body = Some(body);
-        let mut sent = Err(ProxyError::NoUpstream);
-        let mut outage = None;
-        let mut avoid = None;
-        let mut served_by = None;
-        for attempt in 0..MAX_READ_ATTEMPTS {
-            // With no server left to try, the last error stands.
-            let Some(server) = self.upstream.pick_except(avoid) else {
-                break;
-            };
-            served_by = Some(server);
-            let mut upstream_req =
-                upstream_request(&parts, body.take().unwrap_or_else(body::empty));
-            if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
-                edge.prepare_upstream(plan, upstream_req.headers_mut());
-            }
-            if route.filter.is_some() {
-                Filtering::prepare_upstream(upstream_req.headers_mut());
-            }
-            // Taken before the send, so an outage during it still ends the watch.
-            outage = (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
-            let retry_possible = retryable
-                && attempt + 1 < MAX_READ_ATTEMPTS
-                && self.upstream.has_other_healthy(server);
-            let deadline = exchange.header_deadline(per_attempt, retry_possible);
-            sent = self.send(server, &route, upstream_req, deadline).await;
-            sent = sent.map_err(|e| exchange.blame(e));
-            self.note_outcome(server, &sent);
-            let Err(e) = &sent else { break };
-            if !(retryable && attempt + 1 < MAX_READ_ATTEMPTS) {
-                break;
-            }
-            avoid = match e {
-                // The connect failure marked the server down, so it is not picked again; a lost
-                // connection is retried on a fresh one, to the same server if picked.
-                ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. } => None,
-                // A server that was too slow or garbled its answer is not asked twice: the
-                // retry goes to another healthy one, if any.
-                ProxyError::Timeout { .. } | ProxyError::BadReply { .. } => Some(server),
-                _ => break,
-            };
-        }
+        let attempts = self.attempts(&route, info, &parts, body, exchange).await;
+        let Attempts {
+            sent,
+            outage,
+            served_by,
+        } = attempts;
         if let (Some(token), Ok(resp)) = (&route.token, &sent) {
             self.judge_token(token, resp.status());
         }
@@ -447,6 +409,76 @@ impl Pipeline {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
         })
+    }
+
+    /// Sends the request: a read that fails to reach one server is retried on another healthy
+    /// one (at most [`MAX_READ_ATTEMPTS`] sends in all).
+    async fn attempts<'s>(
+        &'s self,
+        route: &Route,
+        info: &RequestInfo,
+        parts: &http::request::Parts,
+        body: ProxyBody,
+        exchange: &Exchange,
+    ) -> Attempts<'s, impl std::future::Future<Output = ()> + Send + Sync + 'static + use<'s>> {
+        let per_attempt = self.deadline(info, route.cache.as_ref());
+        let retryable = parts.method == http::Method::GET && info.verb != Verb::Watch;
+        let mut body = Some(body);
+        let mut done = Attempts {
+            sent: Err(ProxyError::NoUpstream),
+            outage: None,
+            served_by: None,
+        };
+        let mut avoid = None;
+        for attempt in 0..MAX_READ_ATTEMPTS {
+            // With no server left to try, the last error stands.
+            let Some(server) = self.upstream.pick_except(avoid) else {
+                break;
+            };
+            done.served_by = Some(server);
+            let upstream_req = self.prepared(route, parts, body.take().unwrap_or_else(body::empty));
+            // Taken before the send, so an outage during it still ends the watch.
+            done.outage =
+                (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
+            let more = retryable && attempt + 1 < MAX_READ_ATTEMPTS;
+            let retry_possible = more && self.upstream.has_other_healthy(server);
+            let deadline = exchange.header_deadline(per_attempt, retry_possible);
+            let sent = self.send(server, route, upstream_req, deadline).await;
+            done.sent = sent.map_err(|e| exchange.blame(e));
+            self.note_outcome(server, &done.sent);
+            let Err(e) = &done.sent else { break };
+            if !more {
+                break;
+            }
+            avoid = match e {
+                // The connect failure marked the server down, so it is not picked again; a lost
+                // connection is retried on a fresh one, to the same server if picked.
+                ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. } => None,
+                // A server that was too slow or garbled its answer is not asked twice: the
+                // retry goes to another healthy one, if any.
+                ProxyError::Timeout { .. } | ProxyError::BadReply { .. } => Some(server),
+                _ => break,
+            };
+        }
+        done
+    }
+
+    /// The upstream request for one attempt: JSON asked for when the cache or the filters read
+    /// the answer.
+    fn prepared(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        body: ProxyBody,
+    ) -> Request<ProxyBody> {
+        let mut upstream_req = upstream_request(parts, body);
+        if let (Some(edge), Some(plan)) = (&self.edge, &route.cache) {
+            edge.prepare_upstream(plan, upstream_req.headers_mut());
+        }
+        if route.filter.is_some() {
+            Filtering::prepare_upstream(upstream_req.headers_mut());
+        }
+        upstream_req
     }
 
     /// A secure-port token the apiserver accepted may be answered from the cache offline; one
@@ -608,6 +640,14 @@ impl Pipeline {
             .with_label_values(&[server, err.kind()])
             .inc();
     }
+}
+
+/// How the sends of one request went: the last outcome, the outage that ends a watch, and the
+/// server that answered.
+struct Attempts<'s, O> {
+    sent: Result<Response<Incoming>, ProxyError>,
+    outage: Option<O>,
+    served_by: Option<&'s Server>,
 }
 
 /// The bounds of one client exchange and how the client's request body went
