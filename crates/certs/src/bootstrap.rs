@@ -21,6 +21,32 @@ pub const KUBE_APISERVER_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-cli
 /// The organizations of the hub's client certificate, as yurthub asks for them.
 pub const HUB_ORGANIZATIONS: [&str; 2] = ["openyurt:yurthub", "system:nodes"];
 
+/// Why a bootstrap token, its signature of `cluster-info` or a CA pin does not hold.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("a bootstrap token has the form [a-z0-9]{{6}}.[a-z0-9]{{16}}")]
+    Malformed,
+    #[error("not a detached compact JWS (header..signature)")]
+    NotDetachedJws,
+    #[error("the JWS header is not base64url JSON")]
+    JwsHeader,
+    #[error("the JWS header is {header}, not HS256 for token id {id}")]
+    WrongKey {
+        header: serde_json::Value,
+        id: String,
+    },
+    #[error("the JWS signature is not base64url")]
+    JwsSignature(#[source] base64::DecodeError),
+    #[error("the signature does not match this token")]
+    Mismatch,
+    #[error("bad PEM: {0}")]
+    Pem(#[source] rustls::pki_types::pem::Error),
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    #[error("no CERTIFICATE block found")]
+    NoCertificate,
+}
+
 /// A kubeadm bootstrap token, `<id>.<secret>` (`[a-z0-9]{6}.[a-z0-9]{16}`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct BootstrapToken {
@@ -29,7 +55,7 @@ pub struct BootstrapToken {
 }
 
 impl BootstrapToken {
-    pub fn parse(token: &str) -> Result<BootstrapToken, String> {
+    pub fn parse(token: &str) -> Result<BootstrapToken, TokenError> {
         let well_formed = |part: &str, len: usize| {
             part.len() == len
                 && part
@@ -43,7 +69,7 @@ impl BootstrapToken {
                     secret: secret.to_owned(),
                 })
             }
-            _ => Err("a bootstrap token has the form [a-z0-9]{6}.[a-z0-9]{16}".to_owned()),
+            _ => Err(TokenError::Malformed),
         }
     }
 
@@ -55,29 +81,28 @@ impl BootstrapToken {
     /// Whether `jws` is this token's detached signature of `payload`, as kubeadm's
     /// bootstrap-signer writes it into `cluster-info` (`jws-kubeconfig-<id>`): compact JWS,
     /// HS256 keyed with the secret, header `kid` = the id, payload left out.
-    pub fn verify_detached(&self, jws: &str, payload: &[u8]) -> Result<(), String> {
+    pub fn verify_detached(&self, jws: &str, payload: &[u8]) -> Result<(), TokenError> {
         let (header_b64, signature_b64) = match jws.split('.').collect::<Vec<_>>()[..] {
             [header, "", signature] => (header, signature),
-            _ => return Err("not a detached compact JWS (header..signature)".to_owned()),
+            _ => return Err(TokenError::NotDetachedJws),
         };
         let header: serde_json::Value = URL_SAFE_NO_PAD
             .decode(header_b64)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .ok_or("the JWS header is not base64url JSON")?;
+            .ok_or(TokenError::JwsHeader)?;
         if header["alg"] != "HS256" || header["kid"] != self.id.as_str() {
-            return Err(format!(
-                "the JWS header is {header}, not HS256 for token id {}",
-                self.id
-            ));
+            return Err(TokenError::WrongKey {
+                header,
+                id: self.id.clone(),
+            });
         }
         let signature = URL_SAFE_NO_PAD
             .decode(signature_b64)
-            .map_err(|_| "the JWS signature is not base64url")?;
+            .map_err(TokenError::JwsSignature)?;
         let signed = format!("{header_b64}.{}", URL_SAFE_NO_PAD.encode(payload));
         let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, self.secret.as_bytes());
-        ring::hmac::verify(&key, signed.as_bytes(), &signature)
-            .map_err(|_| "the signature does not match this token".to_owned())
+        ring::hmac::verify(&key, signed.as_bytes(), &signature).map_err(|_| TokenError::Mismatch)
     }
 }
 
@@ -90,24 +115,24 @@ impl fmt::Debug for BootstrapToken {
 
 /// `sha256:<hex>` of each certificate's Subject Public Key Info, as kubeadm prints it for
 /// `--discovery-token-ca-cert-hash`.
-pub fn ca_cert_hashes(ca_pem: &[u8]) -> Result<Vec<String>, String> {
+pub fn ca_cert_hashes(ca_pem: &[u8]) -> Result<Vec<String>, TokenError> {
     let mut hashes = Vec::new();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
-        let cert = cert.map_err(|e| format!("bad PEM: {e}"))?;
-        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
-            .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let cert = cert.map_err(TokenError::Pem)?;
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(cert.as_ref()).map_err(TokenError::NotX509)?;
         let digest = ring::digest::digest(&ring::digest::SHA256, parsed.public_key().raw);
         let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
         hashes.push(format!("sha256:{hex}"));
     }
     if hashes.is_empty() {
-        return Err("no CERTIFICATE block found".to_owned());
+        return Err(TokenError::NoCertificate);
     }
     Ok(hashes)
 }
 
 /// Whether one of the CA's certificates has one of the pinned hashes (case-insensitive hex).
-pub fn ca_is_pinned(ca_pem: &[u8], pins: &[String]) -> Result<bool, String> {
+pub fn ca_is_pinned(ca_pem: &[u8], pins: &[String]) -> Result<bool, TokenError> {
     let hashes = ca_cert_hashes(ca_pem)?;
     Ok(hashes
         .iter()

@@ -126,14 +126,18 @@ impl RevertArgs {
     }
 }
 
+/// A duration flag that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {0:?}: use e.g. 120s, 2m, 1m30s or a number of seconds")]
+pub struct InvalidDuration(String);
+
 /// Parses "120s", "2m", "1m30s", "500ms", "1h", or a bare number of seconds.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, InvalidDuration> {
     let text = text.trim();
     if let Ok(secs) = text.parse::<u64>() {
         return Ok(Duration::from_secs(secs));
     }
-    let bad =
-        || format!("invalid duration {text:?}: use e.g. 120s, 2m, 1m30s or a number of seconds");
+    let bad = || InvalidDuration(text.to_owned());
     if text.is_empty() {
         return Err(bad());
     }

@@ -220,7 +220,8 @@ fn flags_step(node: &Node, record: &Record) -> Result<Step, NodeError> {
 fn redirect_flags(host: &Path, content: &[u8]) -> Result<Vec<u8>, NodeError> {
     let text =
         std::str::from_utf8(content).map_err(|_| NodeError::refused(host, "not UTF-8 text"))?;
-    let args = flags_env::parse(text).map_err(|found| NodeError::refused(host, found))?;
+    let args =
+        flags_env::parse(text).map_err(|found| NodeError::refused(host, found.to_string()))?;
     Ok(flags_env::redirected(text, &args).into_bytes())
 }
 

@@ -20,7 +20,7 @@ pub enum NodeError {
     )]
     NotReady {
         url: String,
-        last: String,
+        last: crate::readyz::ProbeError,
         waited: Duration,
         manifest: PathBuf,
     },

@@ -17,8 +17,19 @@ pub(crate) struct KubeadmArgs<'a> {
     close_quote: usize,
 }
 
+/// What was found instead of one quoted `KUBELET_KUBEADM_ARGS` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ArgsError {
+    #[error("no KUBELET_KUBEADM_ARGS line")]
+    Missing,
+    #[error("KUBELET_KUBEADM_ARGS is set on {0} lines")]
+    Repeated(usize),
+    #[error("KUBELET_KUBEADM_ARGS is not one double-quoted value: {0}")]
+    NotQuoted(String),
+}
+
 /// Finds the one quoted `KUBELET_KUBEADM_ARGS` value, or says what was found instead.
-pub(crate) fn parse(content: &str) -> Result<KubeadmArgs<'_>, String> {
+pub(crate) fn parse(content: &str) -> Result<KubeadmArgs<'_>, ArgsError> {
     let mut found = None;
     let mut count = 0;
     let mut offset = 0;
@@ -32,13 +43,13 @@ pub(crate) fn parse(content: &str) -> Result<KubeadmArgs<'_>, String> {
     }
     let (start, line) = match (count, found) {
         (1, Some(found)) => found,
-        (0, _) => return Err("no KUBELET_KUBEADM_ARGS line".into()),
-        (n, _) => return Err(format!("KUBELET_KUBEADM_ARGS is set on {n} lines")),
+        (0, _) => return Err(ArgsError::Missing),
+        (n, _) => return Err(ArgsError::Repeated(n)),
     };
     quoted_value(start, line)
 }
 
-fn quoted_value(start: usize, line: &str) -> Result<KubeadmArgs<'_>, String> {
+fn quoted_value(start: usize, line: &str) -> Result<KubeadmArgs<'_>, ArgsError> {
     let value_at = line.find(KEY).map(|i| i + KEY.len()).unwrap_or(line.len());
     let value = line[value_at..].trim_end();
     let inner = value
@@ -50,9 +61,7 @@ fn quoted_value(start: usize, line: &str) -> Result<KubeadmArgs<'_>, String> {
             flags,
             close_quote: start + value_at + value.len() - 1,
         }),
-        None => Err(format!(
-            "KUBELET_KUBEADM_ARGS is not one double-quoted value: {line}"
-        )),
+        None => Err(ArgsError::NotQuoted(line.to_owned())),
     }
 }
 
@@ -123,18 +132,19 @@ mod tests {
     #[test]
     fn says_what_it_found_when_the_file_is_unexpected() {
         assert_eq!(
-            parse("FOO=1\n").unwrap_err(),
+            parse("FOO=1\n").unwrap_err().to_string(),
             "no KUBELET_KUBEADM_ARGS line"
         );
         let twice = format!("{KUBEADM}{KUBEADM}");
         assert_eq!(
-            parse(&twice).unwrap_err(),
+            parse(&twice).unwrap_err().to_string(),
             "KUBELET_KUBEADM_ARGS is set on 2 lines"
         );
         let unquoted = "KUBELET_KUBEADM_ARGS=--a=b\n";
         assert!(
             parse(unquoted)
                 .unwrap_err()
+                .to_string()
                 .contains("not one double-quoted value")
         );
         let nested = "KUBELET_KUBEADM_ARGS=\"--a=\"b\"\"\n";

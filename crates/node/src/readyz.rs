@@ -45,7 +45,7 @@ impl ReadyzUrl {
     }
 
     /// Polls until the hub answers 200 or `timeout` passes; the error is the last answer seen.
-    pub(crate) fn wait(&self, timeout: Duration) -> Result<(), String> {
+    pub(crate) fn wait(&self, timeout: Duration) -> Result<(), ProbeError> {
         let deadline = Instant::now() + timeout;
         loop {
             let last = match self.probe() {
@@ -59,37 +59,53 @@ impl ReadyzUrl {
         }
     }
 
-    fn probe(&self) -> Result<(), String> {
+    fn probe(&self) -> Result<(), ProbeError> {
         let addr = self.resolve()?;
-        let mut stream =
-            TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| e.to_string())?;
-        stream
-            .set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        stream
-            .set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
+        let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
         let request = format!(
             "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: outpost-node\r\nConnection: close\r\n\r\n",
             self.path, self.authority
         );
-        stream
-            .write_all(request.as_bytes())
-            .map_err(|e| e.to_string())?;
+        stream.write_all(request.as_bytes())?;
         match status_code(&read_status_line(&mut stream)?) {
             Some(200) => Ok(()),
-            Some(code) => Err(format!("HTTP {code}")),
-            None => Err("not an HTTP response".into()),
+            Some(code) => Err(ProbeError::Status(code)),
+            None => Err(ProbeError::NotHttp),
         }
     }
 
-    fn resolve(&self) -> Result<SocketAddr, String> {
+    fn resolve(&self) -> Result<SocketAddr, ProbeError> {
+        let host = || self.host.clone();
         (self.host.as_str(), self.port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {}: {e}", self.host))?
+            .map_err(|source| ProbeError::Resolve {
+                host: host(),
+                source,
+            })?
             .next()
-            .ok_or_else(|| format!("{} has no address", self.host))
+            .ok_or_else(|| ProbeError::NoAddress(host()))
     }
+}
+
+/// Why one readiness probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} has no address")]
+    NoAddress(String),
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("not an HTTP response")]
+    NotHttp,
 }
 
 fn split_host_port(authority: &str) -> Option<(&str, u16)> {
@@ -106,14 +122,14 @@ fn split_host_port(authority: &str) -> Option<(&str, u16)> {
     Some((host, port.parse().ok()?))
 }
 
-fn read_status_line(stream: &mut TcpStream) -> Result<String, String> {
+fn read_status_line(stream: &mut TcpStream) -> Result<String, std::io::Error> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 256];
     while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
         match stream.read(&mut chunk) {
             Ok(0) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
     Ok(String::from_utf8_lossy(&buf)
@@ -177,7 +193,7 @@ mod tests {
         let url = ReadyzUrl::parse(&format!("http://127.0.0.1:{port}/v1/readyz")).unwrap();
         let started = Instant::now();
         let err = url.wait(Duration::from_millis(600)).unwrap_err();
-        assert!(err.to_lowercase().contains("refused"), "{err}");
+        assert!(err.to_string().to_lowercase().contains("refused"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(3));
     }
 }

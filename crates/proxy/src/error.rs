@@ -42,19 +42,34 @@ pub enum ProxyError {
     #[error("{0}")]
     Unauthenticated(String),
     /// No TCP or TLS connection to any upstream could be made.
-    #[error("no apiserver reachable ({server}): {cause}")]
-    Unreachable { server: String, cause: String },
+    #[error("no apiserver reachable ({server}): {}", error_chain(cause.as_ref()))]
+    Unreachable {
+        server: String,
+        #[source]
+        cause: BoxError,
+    },
     /// The connection closed or reset under a request that had been sent, before any answer:
     /// this exchange failed, which says little about the server (a stale pooled connection, a
     /// NAT that forgot it).
-    #[error("apiserver {server} closed the connection before answering: {cause}")]
-    ConnectionLost { server: String, cause: String },
+    #[error(
+        "apiserver {server} closed the connection before answering: {}",
+        error_chain(cause.as_ref())
+    )]
+    ConnectionLost {
+        server: String,
+        #[source]
+        cause: BoxError,
+    },
     /// The upstream did not answer within the deadline.
     #[error("apiserver {server} did not answer within {after:?}")]
     Timeout { server: String, after: Duration },
     /// The upstream sent something that is not a valid HTTP response.
-    #[error("bad reply from apiserver {server}: {cause}")]
-    BadReply { server: String, cause: String },
+    #[error("bad reply from apiserver {server}: {}", error_chain(cause.as_ref()))]
+    BadReply {
+        server: String,
+        #[source]
+        cause: BoxError,
+    },
     /// A port full of connections that all serve requests turned a new one away.
     #[error("the hub has no room for another connection: all are serving requests")]
     NoRoom,
@@ -157,7 +172,7 @@ impl ProxyError {
             },
             None => ProxyError::BadReply {
                 server: "upstream".into(),
-                cause: format!("response body: {err}"),
+                cause: format!("response body: {err}").into(),
             },
         }
     }

@@ -112,7 +112,8 @@ impl Filtering {
             self.count(&chain, "response", "too_large");
             return Err(ProxyError::BadReply {
                 server: "upstream".into(),
-                cause: format!("response body larger than {MAX_FILTERED_BODY} bytes to filter"),
+                cause: format!("response body larger than {MAX_FILTERED_BODY} bytes to filter")
+                    .into(),
             });
         };
         let ctx = self.ctx.borrow().clone();

@@ -372,7 +372,7 @@ impl NodePods {
         let (code, bytes) = upstream.own_call(server, call).await.map_err(|cause| {
             outpost_proxy::ProxyError::Unreachable {
                 server: server.label(),
-                cause,
+                cause: Box::new(cause),
             }
         })?;
         let mut resp = Response::new(body::full(bytes));

@@ -207,7 +207,7 @@ impl Ota {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "OTA update is not allowed when edge is disconnected to cloud".to_owned(),
             ),
-            OwnCallError::Failed(e) => (StatusCode::BAD_GATEWAY, format!("{path}: {e}")),
+            e => (StatusCode::BAD_GATEWAY, format!("{path}: {e}")),
         })
     }
 }

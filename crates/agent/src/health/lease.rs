@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use outpost_proxy::upstream::{OwnCall, Server, Upstream};
+use outpost_proxy::upstream::{OwnCall, OwnCallError, Server, Upstream};
 
 const USER_AGENT: &str = "outpost/heartbeat";
 const DELEGATE_ANNOTATION: &str = "openyurt.io/delegate-heartbeat";
@@ -47,13 +47,13 @@ impl LeaseRenewer {
         server: &Server,
         tries: u32,
         timeout: Duration,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, LeaseError> {
         let call = Call {
             upstream,
             server,
             timeout,
         };
-        let mut last_error = String::from("no attempt made");
+        let mut last_error = LeaseError::NoAttempt;
         for attempt in 0..tries.max(1) {
             let base = match self.last() {
                 Some(base) => base,
@@ -77,28 +77,28 @@ impl LeaseRenewer {
                 StatusCode::CONFLICT | StatusCode::NOT_FOUND => {
                     self.remember(None);
                     tokio::time::sleep(Duration::from_millis(200 << attempt.min(2))).await;
-                    last_error = format!("lease update answered {status}");
+                    last_error = LeaseError::Answered("lease update", status);
                 }
-                other => return Err(format!("lease update answered {other}")),
+                other => return Err(LeaseError::Answered("lease update", other)),
             }
         }
         Err(last_error)
     }
 
-    async fn fetch_or_create(&self, call: &Call<'_>) -> Result<Value, String> {
+    async fn fetch_or_create(&self, call: &Call<'_>) -> Result<Value, LeaseError> {
         let (status, body) = call.send(Method::GET, &self.lease_path(), None).await?;
         match status {
             StatusCode::OK => parse(&body),
             StatusCode::NOT_FOUND => self.create(call).await,
-            other => Err(format!("lease read answered {other}")),
+            other => Err(LeaseError::Answered("lease read", other)),
         }
     }
 
-    async fn create(&self, call: &Call<'_>) -> Result<Value, String> {
+    async fn create(&self, call: &Call<'_>) -> Result<Value, LeaseError> {
         let node_path = format!("/api/v1/nodes/{}", self.node);
         let (status, node) = call.send(Method::GET, &node_path, None).await?;
         if status != StatusCode::OK {
-            return Err(format!("node read answered {status}"));
+            return Err(LeaseError::Answered("node read", status));
         }
         let uid = parse(&node)?["metadata"]["uid"].clone();
         let lease = json!({
@@ -117,7 +117,7 @@ impl LeaseRenewer {
             .await?;
         match status {
             StatusCode::CREATED | StatusCode::OK => parse(&body),
-            other => Err(format!("lease create answered {other}")),
+            other => Err(LeaseError::Answered("lease create", other)),
         }
     }
 
@@ -154,7 +154,7 @@ impl Call<'_> {
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(StatusCode, Bytes), String> {
+    ) -> Result<(StatusCode, Bytes), LeaseError> {
         let call = OwnCall {
             method,
             path,
@@ -162,12 +162,25 @@ impl Call<'_> {
             body: body.map(|v| ("application/json", v)),
             timeout: self.timeout,
         };
-        self.upstream.own_call(self.server, call).await
+        Ok(self.upstream.own_call(self.server, call).await?)
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<Value, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("undecodable lease response: {e}"))
+/// Why a heartbeat failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("no attempt made")]
+    NoAttempt,
+    #[error(transparent)]
+    Call(#[from] OwnCallError),
+    #[error("{0} answered {1}")]
+    Answered(&'static str, StatusCode),
+    #[error("undecodable lease response: {0}")]
+    Undecodable(#[source] serde_json::Error),
+}
+
+fn parse(bytes: &[u8]) -> Result<Value, LeaseError> {
+    serde_json::from_slice(bytes).map_err(LeaseError::Undecodable)
 }
 
 /// `metav1.MicroTime` of `t`, as kube-apiserver writes `renewTime`.

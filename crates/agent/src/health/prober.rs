@@ -189,6 +189,7 @@ async fn renew(
             }
             Err(cause) => {
                 metrics.lease_renewals.with_label_values(&["failed"]).inc();
+                let cause = cause.to_string();
                 warn!(server = %server.label(), cause, "node lease renewal failed");
                 states.record_probe(i, false, &cause);
             }

@@ -33,16 +33,17 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_certs::bootstrap::{
-    BootstrapToken, KUBE_APISERVER_CLIENT_SIGNER, ca_is_pinned, draft_client_csr,
+    BootstrapToken, KUBE_APISERVER_CLIENT_SIGNER, TokenError, ca_is_pinned, draft_client_csr,
 };
-use outpost_certs::{UpstreamTls, ca_roots, install_ring_provider, write_private};
+use outpost_certs::{CertError, UpstreamTls, ca_roots, install_ring_provider, write_private};
 use rustls::ClientConfig;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::identity::csr::{self, CsrTransport, signing_request};
-use outpost_proxy::upstream::{Server, Upstream};
+use crate::identity::csr::{self, CsrError, CsrTransport, signing_request};
+use outpost_proxy::error::{BoxError, error_chain};
+use outpost_proxy::upstream::{Server, ServerAddrError, Upstream};
 
 const CLUSTER_INFO: &str = "/api/v1/namespaces/kube-public/configmaps/cluster-info";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,6 +78,149 @@ pub struct IdentityFiles {
     pub ca_file: PathBuf,
 }
 
+/// Why token mode has no client certificate.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    #[error("the issued client certificate cannot be used: {0}")]
+    Unusable(#[source] CertError),
+    #[error("{}: {source}", path.display())]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is missing and there is no --join-token", conf.display())]
+    NoJoinToken { conf: PathBuf },
+    #[error("--join-token: {0}")]
+    JoinToken(#[source] TokenError),
+    /// `/v1/token`'s token.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("cluster-info discovery failed: {}", unanswered(.0))]
+    Discovery(Vec<Unanswered>),
+    #[error("the cluster CA does not match --discovery-token-ca-cert-hash")]
+    CaNotPinned,
+    #[error("the cluster CA: {0}")]
+    CaUnreadable(#[source] TokenError),
+    #[error("cluster-info has no kubeconfig")]
+    NoKubeconfig,
+    #[error("cluster-info has no {0}: the token is unknown or expired")]
+    NoSignature(String),
+    #[error("cluster-info signature: {0}")]
+    Signature(#[source] TokenError),
+    #[error("cluster-info changed between the unverified and the verified read")]
+    Changed,
+    #[error(transparent)]
+    Kubeconfig(#[from] KubeconfigError),
+    #[error("{}: {source}", path.display())]
+    Conf {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error(transparent)]
+    Csr(#[from] CsrError),
+    #[error("CSR {name}: the issued certificate cannot be used: {source}")]
+    RenewedUnusable {
+        name: String,
+        #[source]
+        source: CertError,
+    },
+    #[error("cannot write {}: {source}", path.display())]
+    Rename {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One server's failed discovery.
+#[derive(Debug)]
+pub struct Unanswered {
+    pub server: String,
+    pub error: BootstrapError,
+}
+
+fn unanswered(problems: &[Unanswered]) -> String {
+    let each: Vec<String> = problems
+        .iter()
+        .map(|p| format!("{}: {}", p.server, p.error))
+        .collect();
+    each.join("; ")
+}
+
+/// Why a kubeconfig (kept, or `--bootstrap-file`) cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeconfigError {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error("not a kubeconfig: {0}")]
+    Parse(#[source] Box<serde_saphyr::Error>),
+    #[error("the kubeconfig has no cluster")]
+    NoCluster,
+    #[error("certificate-authority-data: {0}")]
+    CaData(#[source] base64::DecodeError),
+    #[error("the kubeconfig's cluster has no certificate authority")]
+    NoCa,
+    #[error("cannot read {}: {source}", path.display())]
+    ReadCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the kubeconfig's cluster has no server")]
+    NoServer,
+    #[error(transparent)]
+    Server(#[from] ServerAddrError),
+    #[error("the kubeconfig has no user token")]
+    NoToken,
+}
+
+/// One call of the bootstrap (before the hub has a certificate), named by its method and path.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("{path}: {source}")]
+    Request {
+        path: String,
+        #[source]
+        source: http::Error,
+    },
+    #[error("{method} {path}: {status}: {body}")]
+    Status {
+        method: Method,
+        path: String,
+        status: StatusCode,
+        body: String,
+    },
+    #[error("{method} {path}: unreadable answer: {source}")]
+    Unreadable {
+        method: Method,
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{method} {path}: no answer within {CALL_TIMEOUT:?}")]
+    TimedOut { method: Method, path: String },
+    #[error("{method} {path}: {}", error_chain(source))]
+    Send {
+        method: Method,
+        path: String,
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    #[error("{method} {path}: {source}")]
+    Body {
+        method: Method,
+        path: String,
+        #[source]
+        source: hyper::Error,
+    },
+}
+
 /// The apiserver, its CA and a token that may ask for a certificate.
 struct Credentials {
     server: Server,
@@ -101,7 +245,7 @@ impl TokenBootstrap {
     }
 
     /// The hub's client certificate files: kept from an earlier start, or obtained now.
-    pub async fn ensure(&self) -> Result<IdentityFiles, String> {
+    pub async fn ensure(&self) -> Result<IdentityFiles, BootstrapError> {
         let files = self.files();
         self.forget_another_cluster(&files)?;
         if let Ok(tls) = UpstreamTls::load(&files.client_pem, &files.ca_file) {
@@ -119,13 +263,13 @@ impl TokenBootstrap {
     }
 
     /// Keeps the cluster CA, obtains a certificate with `creds` and keeps it, once it loads.
-    async fn issue(&self, creds: &Credentials, started: Instant) -> Result<(), String> {
+    async fn issue(&self, creds: &Credentials, started: Instant) -> Result<(), BootstrapError> {
         let files = self.files();
-        write_private(&files.ca_file, &creds.ca_pem).map_err(|e| e.to_string())?;
+        write_private(&files.ca_file, &creds.ca_pem)?;
         let pem = self.obtain_certificate(creds, started).await?;
-        write_private(&files.client_pem, pem.as_bytes()).map_err(|e| e.to_string())?;
+        write_private(&files.client_pem, pem.as_bytes())?;
         let tls = UpstreamTls::load(&files.client_pem, &files.ca_file)
-            .map_err(|e| format!("the issued client certificate cannot be used: {e}"))?;
+            .map_err(BootstrapError::Unusable)?;
         info!(identity = %tls.identity.user, path = %files.client_pem.display(), "client certificate issued");
         Ok(())
     }
@@ -134,7 +278,7 @@ impl TokenBootstrap {
     /// discovery found is none of `--server-addr` (yurthub wipes its root then, #367) or its CA
     /// is not one `--discovery-token-ca-cert-hash` pins: the node was moved, and presenting the
     /// old cluster's certificate would only fail. The kept files go and the hub bootstraps again.
-    fn forget_another_cluster(&self, files: &IdentityFiles) -> Result<(), String> {
+    fn forget_another_cluster(&self, files: &IdentityFiles) -> Result<(), BootstrapError> {
         let Some(reason) = self.kept_for_another_cluster(files) else {
             return Ok(());
         };
@@ -145,8 +289,8 @@ impl TokenBootstrap {
         }
         for path in kept {
             match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(format!("{}: {e}", path.display()));
+                Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(BootstrapError::Remove { path, source });
                 }
                 _ => {}
             }
@@ -170,7 +314,7 @@ impl TokenBootstrap {
             }
         }
         let ca = std::fs::read(&files.ca_file).ok()?;
-        if !self.skip_ca_verification && ca_is_pinned(&ca, &self.ca_pins) == Ok(false) {
+        if !self.skip_ca_verification && matches!(ca_is_pinned(&ca, &self.ca_pins), Ok(false)) {
             return Some(format!(
                 "{} is not the CA --discovery-token-ca-cert-hash pins",
                 files.ca_file.display()
@@ -179,7 +323,7 @@ impl TokenBootstrap {
         None
     }
 
-    async fn credentials(&self) -> Result<Credentials, String> {
+    async fn credentials(&self) -> Result<Credentials, BootstrapError> {
         let conf = self.bootstrap_conf();
         if conf.exists() {
             return read_bootstrap_conf(&conf);
@@ -187,35 +331,37 @@ impl TokenBootstrap {
         let token = self
             .join_token
             .as_deref()
-            .ok_or_else(|| format!("{} is missing and there is no --join-token", conf.display()))?;
-        let token = BootstrapToken::parse(token).map_err(|e| format!("--join-token: {e}"))?;
+            .ok_or(BootstrapError::NoJoinToken { conf })?;
+        let token = BootstrapToken::parse(token).map_err(BootstrapError::JoinToken)?;
         self.discover_and_keep(&token).await
     }
 
     /// Discovery from the first server that answers; the result is kept as the bootstrap conf.
-    async fn discover_and_keep(&self, token: &BootstrapToken) -> Result<Credentials, String> {
+    async fn discover_and_keep(
+        &self,
+        token: &BootstrapToken,
+    ) -> Result<Credentials, BootstrapError> {
         let mut problems = Vec::new();
         for server in &self.servers {
             match self.discover(server, token).await {
                 Ok(creds) => {
                     let conf = bootstrap_kubeconfig(&creds);
-                    write_private(&self.bootstrap_conf(), conf.as_bytes())
-                        .map_err(|e| e.to_string())?;
+                    write_private(&self.bootstrap_conf(), conf.as_bytes())?;
                     return Ok(creds);
                 }
-                Err(e) => problems.push(format!("{}: {e}", server.label())),
+                Err(error) => problems.push(Unanswered {
+                    server: server.label(),
+                    error,
+                }),
             }
         }
-        Err(format!(
-            "cluster-info discovery failed: {}",
-            problems.join("; ")
-        ))
+        Err(BootstrapError::Discovery(problems))
     }
 
     /// yurthub's `/v1/token`: discovery with a new join token rewrites the bootstrap conf, and
     /// a client certificate that has expired (or is gone) is obtained again with it at once, so
     /// a node whose certificate lapsed while it was cut off can rejoin without a restart.
-    pub async fn rejoin(&self, token: &str) -> Result<&'static str, String> {
+    pub async fn rejoin(&self, token: &str) -> Result<&'static str, BootstrapError> {
         let token = BootstrapToken::parse(token)?;
         let creds = self.discover_and_keep(&token).await?;
         let files = self.files();
@@ -227,7 +373,7 @@ impl TokenBootstrap {
         Ok("bootstrap token updated; client certificate issued")
     }
 
-    fn check_pin(&self, ca_pem: &[u8]) -> Result<(), String> {
+    fn check_pin(&self, ca_pem: &[u8]) -> Result<(), BootstrapError> {
         if self.skip_ca_verification {
             warn!(
                 "--discovery-token-unsafe-skip-ca-verification: the cluster CA is not checked against a pinned hash"
@@ -236,10 +382,8 @@ impl TokenBootstrap {
         }
         match ca_is_pinned(ca_pem, &self.ca_pins) {
             Ok(true) => Ok(()),
-            Ok(false) => {
-                Err("the cluster CA does not match --discovery-token-ca-cert-hash".to_owned())
-            }
-            Err(e) => Err(format!("the cluster CA: {e}")),
+            Ok(false) => Err(BootstrapError::CaNotPinned),
+            Err(e) => Err(BootstrapError::CaUnreadable(e)),
         }
     }
 
@@ -249,26 +393,26 @@ impl TokenBootstrap {
         &self,
         server: &Server,
         token: &BootstrapToken,
-    ) -> Result<Credentials, String> {
+    ) -> Result<Credentials, BootstrapError> {
         let unverified = https_client(unverified_tls());
         let info = get_json(&unverified, server, CLUSTER_INFO, None).await?;
         let kubeconfig = info
             .pointer("/data/kubeconfig")
             .and_then(Value::as_str)
-            .ok_or("cluster-info has no kubeconfig")?;
+            .ok_or(BootstrapError::NoKubeconfig)?;
         let jws_key = format!("jws-kubeconfig-{}", token.id);
-        let jws = info["data"][&jws_key].as_str().ok_or_else(|| {
-            format!("cluster-info has no {jws_key}: the token is unknown or expired")
-        })?;
+        let jws = info["data"][&jws_key]
+            .as_str()
+            .ok_or_else(|| BootstrapError::NoSignature(jws_key.clone()))?;
         token
             .verify_detached(jws, kubeconfig.as_bytes())
-            .map_err(|e| format!("cluster-info signature: {e}"))?;
+            .map_err(BootstrapError::Signature)?;
         let ca_pem = kubeconfig_ca(&parse_kubeconfig(kubeconfig)?, None)?;
         self.check_pin(&ca_pem)?;
         let verified = https_client(verified_tls(&ca_pem)?);
         let again = get_json(&verified, server, CLUSTER_INFO, None).await?;
         if again.pointer("/data/kubeconfig").and_then(Value::as_str) != Some(kubeconfig) {
-            return Err("cluster-info changed between the unverified and the verified read".into());
+            return Err(BootstrapError::Changed);
         }
         info!(server = %server.label(), token_id = %token.id, "cluster CA discovered and verified");
         Ok(Credentials {
@@ -282,9 +426,8 @@ impl TokenBootstrap {
         &self,
         creds: &Credentials,
         started: Instant,
-    ) -> Result<String, String> {
-        let draft = draft_client_csr(&self.node_name, &self.extra_organizations)
-            .map_err(|e| e.to_string())?;
+    ) -> Result<String, BootstrapError> {
+        let draft = draft_client_csr(&self.node_name, &self.extra_organizations)?;
         let transport = WithToken {
             client: https_client(verified_tls(&creds.ca_pem)?),
             server: &creds.server,
@@ -310,8 +453,8 @@ impl CsrTransport for WithToken<'_> {
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(StatusCode, Bytes), String> {
-        exchange(
+    ) -> Result<(StatusCode, Bytes), BoxError> {
+        let answer = exchange(
             &self.client,
             self.server,
             method,
@@ -319,7 +462,8 @@ impl CsrTransport for WithToken<'_> {
             Some(self.token),
             body.as_ref(),
         )
-        .await
+        .await?;
+        Ok(answer)
     }
 }
 
@@ -374,24 +518,22 @@ pub async fn renew_client_certificate(
     }
 }
 
-async fn renew_once(upstream: &Upstream, bootstrap: &TokenBootstrap) -> Result<(), String> {
+async fn renew_once(upstream: &Upstream, bootstrap: &TokenBootstrap) -> Result<(), BootstrapError> {
     let files = bootstrap.files();
-    let draft = draft_client_csr(&bootstrap.node_name, &bootstrap.extra_organizations)
-        .map_err(|e| e.to_string())?;
+    let draft = draft_client_csr(&bootstrap.node_name, &bootstrap.extra_organizations)?;
     let object = signing_request(&draft.csr_pem, KUBE_APISERVER_CLIENT_SIGNER, &CLIENT_USAGES);
     let (name, cert_pem) = crate::identity::csr::request(upstream, object, "client", None).await?;
     let staged = files.client_pem.with_extension("new");
-    write_private(&staged, format!("{cert_pem}{}", draft.key_pem).as_bytes())
-        .map_err(|e| e.to_string())?;
+    write_private(&staged, format!("{cert_pem}{}", draft.key_pem).as_bytes())?;
     let checked = UpstreamTls::load(&staged, &files.ca_file);
-    if let Err(e) = checked {
+    if let Err(source) = checked {
         let _ = std::fs::remove_file(&staged);
-        return Err(format!(
-            "CSR {name}: the issued certificate cannot be used: {e}"
-        ));
+        return Err(BootstrapError::RenewedUnusable { name, source });
     }
-    std::fs::rename(&staged, &files.client_pem)
-        .map_err(|e| format!("cannot write {}: {e}", files.client_pem.display()))?;
+    std::fs::rename(&staged, &files.client_pem).map_err(|source| BootstrapError::Rename {
+        path: files.client_pem.clone(),
+        source,
+    })?;
     info!(csr = %name, path = %files.client_pem.display(), "client certificate renewed");
     Ok(())
 }
@@ -410,9 +552,9 @@ fn https_client(tls: ClientConfig) -> HttpsClient {
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-fn verified_tls(ca_pem: &[u8]) -> Result<ClientConfig, String> {
+fn verified_tls(ca_pem: &[u8]) -> Result<ClientConfig, BootstrapError> {
     install_ring_provider();
-    let roots = ca_roots(Path::new("the cluster CA"), ca_pem).map_err(|e| e.to_string())?;
+    let roots = ca_roots(Path::new("the cluster CA"), ca_pem)?;
     Ok(ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth())
@@ -483,7 +625,7 @@ async fn get_json(
     server: &Server,
     path: &str,
     token: Option<&str>,
-) -> Result<Value, String> {
+) -> Result<Value, CallError> {
     call(client, server, Method::GET, path, token, None).await
 }
 
@@ -495,15 +637,21 @@ async fn call(
     path: &str,
     token: Option<&str>,
     body: Option<&Value>,
-) -> Result<Value, String> {
+) -> Result<Value, CallError> {
     let (status, bytes) = exchange(client, server, method.clone(), path, token, body).await?;
     if !status.is_success() {
-        return Err(format!(
-            "{method} {path}: {status}: {}",
-            String::from_utf8_lossy(&bytes)
-        ));
+        return Err(CallError::Status {
+            method,
+            path: path.to_owned(),
+            status,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        });
     }
-    serde_json::from_slice(&bytes).map_err(|e| format!("{method} {path}: unreadable answer: {e}"))
+    serde_json::from_slice(&bytes).map_err(|source| CallError::Unreadable {
+        method,
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// One request, bounded by [`CALL_TIMEOUT`]; the answer whatever its status.
@@ -514,8 +662,12 @@ async fn exchange(
     path: &str,
     token: Option<&str>,
     body: Option<&Value>,
-) -> Result<(StatusCode, Bytes), String> {
-    let uri = server.uri_for(path).map_err(|e| format!("{path}: {e}"))?;
+) -> Result<(StatusCode, Bytes), CallError> {
+    let request = |source| CallError::Request {
+        path: path.to_owned(),
+        source,
+    };
+    let uri = server.uri_for(path).map_err(request)?;
     let mut req = Request::builder()
         .method(method.clone())
         .uri(uri)
@@ -531,63 +683,90 @@ async fn exchange(
         }
         None => Full::new(Bytes::new()),
     };
-    let req = req.body(body).map_err(|e| format!("{path}: {e}"))?;
+    let req = req.body(body).map_err(request)?;
     let exchange = async {
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| outpost_proxy::error::error_chain(&e))?;
+        let resp = client.request(req).await.map_err(Failure::Send)?;
         let status = resp.status();
         let bytes = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(Failure::Body)?
             .to_bytes();
-        Ok::<_, String>((status, bytes))
+        Ok::<_, Failure>((status, bytes))
     };
+    let what = || (method.clone(), path.to_owned());
     tokio::time::timeout(CALL_TIMEOUT, exchange)
         .await
-        .map_err(|_| format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))?
-        .map_err(|e| format!("{method} {path}: {e}"))
+        .map_err(|_| CallError::TimedOut {
+            method: method.clone(),
+            path: path.to_owned(),
+        })?
+        .map_err(|failure| {
+            let (method, path) = what();
+            match failure {
+                Failure::Send(source) => CallError::Send {
+                    method,
+                    path,
+                    source,
+                },
+                Failure::Body(source) => CallError::Body {
+                    method,
+                    path,
+                    source,
+                },
+            }
+        })
 }
 
-fn parse_kubeconfig(text: &str) -> Result<Value, String> {
-    serde_saphyr::from_str::<Value>(text).map_err(|e| format!("not a kubeconfig: {e}"))
+/// What went wrong inside one exchange, before it is named by its method and path.
+enum Failure {
+    Send(hyper_util::client::legacy::Error),
+    Body(hyper::Error),
+}
+
+fn parse_kubeconfig(text: &str) -> Result<Value, KubeconfigError> {
+    serde_saphyr::from_str::<Value>(text).map_err(|e| KubeconfigError::Parse(Box::new(e)))
 }
 
 /// The CA of a kubeconfig's first cluster: inline data, or a file relative to `dir`.
-fn kubeconfig_ca(config: &Value, dir: Option<&Path>) -> Result<Vec<u8>, String> {
+fn kubeconfig_ca(config: &Value, dir: Option<&Path>) -> Result<Vec<u8>, KubeconfigError> {
     let cluster = config
         .pointer("/clusters/0/cluster")
-        .ok_or("the kubeconfig has no cluster")?;
+        .ok_or(KubeconfigError::NoCluster)?;
     if let Some(data) = cluster["certificate-authority-data"].as_str() {
         return STANDARD
             .decode(data.trim())
-            .map_err(|e| format!("certificate-authority-data: {e}"));
+            .map_err(KubeconfigError::CaData);
     }
     let file = cluster["certificate-authority"]
         .as_str()
-        .ok_or("the kubeconfig's cluster has no certificate authority")?;
+        .ok_or(KubeconfigError::NoCa)?;
     let path = dir.map_or_else(|| PathBuf::from(file), |d| d.join(file));
-    std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    std::fs::read(&path).map_err(|source| KubeconfigError::ReadCa { path, source })
 }
 
 /// `--bootstrap-file` (or the kept discovery): server, CA and token.
-fn read_bootstrap_conf(path: &Path) -> Result<Credentials, String> {
-    let named = |e: String| format!("{}: {e}", path.display());
-    let text = std::fs::read_to_string(path).map_err(|e| named(e.to_string()))?;
-    let config = parse_kubeconfig(&text).map_err(named)?;
-    let ca_pem = kubeconfig_ca(&config, path.parent()).map_err(named)?;
+fn read_bootstrap_conf(path: &Path) -> Result<Credentials, BootstrapError> {
+    credentials_in(path).map_err(|source| BootstrapError::Conf {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn credentials_in(path: &Path) -> Result<Credentials, KubeconfigError> {
+    let text = std::fs::read_to_string(path)?;
+    let config = parse_kubeconfig(&text)?;
+    let ca_pem = kubeconfig_ca(&config, path.parent())?;
     let server = config
         .pointer("/clusters/0/cluster/server")
         .and_then(Value::as_str)
-        .ok_or_else(|| named("the kubeconfig's cluster has no server".into()))?;
-    let server = Server::parse(server).map_err(named)?;
+        .ok_or(KubeconfigError::NoServer)?;
+    let server = Server::parse(server)?;
     let token = config
         .pointer("/users/0/user/token")
         .and_then(Value::as_str)
-        .ok_or_else(|| named("the kubeconfig has no user token".into()))?
+        .ok_or(KubeconfigError::NoToken)?
         .to_owned();
     Ok(Credentials {
         server,
@@ -732,7 +911,10 @@ mod tests {
         assert_eq!(read.ca_pem, b"CA");
         assert_eq!(read.server.label(), "https://10.0.0.1:6443");
         std::fs::write(&path, "apiVersion: v1\nclusters: []\n").expect("conf");
-        let err = read_bootstrap_conf(&path).err().expect("no cluster");
+        let err = read_bootstrap_conf(&path)
+            .err()
+            .expect("no cluster")
+            .to_string();
         assert!(
             err.contains("bootstrap.conf") && err.contains("no cluster"),
             "{err}"

@@ -11,7 +11,8 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use outpost_proxy::upstream::{OwnCall, OwnCallError, Upstream};
+use outpost_proxy::error::BoxError;
+use outpost_proxy::upstream::{OwnCall, Upstream};
 
 pub(crate) const CSR_PATH: &str = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
 const USER_AGENT: &str = "outpost/certificates";
@@ -42,7 +43,47 @@ pub(crate) trait CsrTransport {
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(StatusCode, bytes::Bytes), String>;
+    ) -> Result<(StatusCode, bytes::Bytes), BoxError>;
+}
+
+/// Why a certificate was not obtained.
+#[derive(Debug, thiserror::Error)]
+pub enum CsrError {
+    /// The call that submits the request failed.
+    #[error("{0}")]
+    Call(#[source] BoxError),
+    #[error("creating the CSR: {code}: {reply}")]
+    Create { code: StatusCode, reply: String },
+    #[error("creating the CSR: unreadable answer: {0}")]
+    CreateUnreadable(#[source] serde_json::Error),
+    #[error("creating the CSR: the answer has no name")]
+    NoName,
+    #[error("{name}: unreadable CSR: {source}")]
+    Unreadable {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{name}: {why}")]
+    NotIssued {
+        name: String,
+        #[source]
+        why: NotIssued,
+    },
+    #[error("{name}: the CSR was deleted before it was issued")]
+    Deleted { name: String },
+    #[error("{name} ({problem}) was not issued in time: {APPROVE_IT}")]
+    NotInTime { name: String, problem: String },
+}
+
+/// Why a CSR that is no longer pending carries no certificate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotIssued {
+    /// `Denied` or `Failed`, with the condition's message.
+    #[error("{kind}: {message}")]
+    Refused { kind: String, message: String },
+    #[error("status.certificate is not base64 PEM")]
+    NotPem,
 }
 
 /// The running hub, as itself, to a healthy server.
@@ -52,7 +93,7 @@ impl CsrTransport for Upstream {
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(StatusCode, bytes::Bytes), String> {
+    ) -> Result<(StatusCode, bytes::Bytes), BoxError> {
         let call = OwnCall {
             method,
             path,
@@ -60,10 +101,7 @@ impl CsrTransport for Upstream {
             body: body.map(|b| ("application/json", b)),
             timeout: CALL_TIMEOUT,
         };
-        self.own_call_any(call).await.map_err(|e| match e {
-            OwnCallError::Offline => "no healthy apiserver".to_owned(),
-            OwnCallError::Failed(e) => e,
-        })
+        Ok(self.own_call_any(call).await?)
     }
 }
 
@@ -75,7 +113,7 @@ pub(crate) async fn request(
     object: Value,
     purpose: &str,
     deadline: Option<Instant>,
-) -> Result<(String, String), String> {
+) -> Result<(String, String), CsrError> {
     let name = submit(transport, object).await?;
     info!(csr = %name, purpose, "certificate requested; waiting for approval");
     let path = format!("{CSR_PATH}/{name}");
@@ -84,25 +122,29 @@ pub(crate) async fn request(
         // Read failures (the cloud gone for a while) are only reported with the reminder.
         let problem = match transport.call(Method::GET, &path, None).await {
             Ok((StatusCode::OK, body)) => {
-                let csr: Value = serde_json::from_slice(&body)
-                    .map_err(|e| format!("{name}: unreadable CSR: {e}"))?;
+                let csr: Value =
+                    serde_json::from_slice(&body).map_err(|source| CsrError::Unreadable {
+                        name: name.clone(),
+                        source,
+                    })?;
                 if let Some(outcome) = issued(&csr) {
-                    return outcome
-                        .map(|pem| (name.clone(), pem))
-                        .map_err(|why| format!("{name}: {why}"));
+                    return outcome.map(|pem| (name.clone(), pem)).map_err(|why| {
+                        CsrError::NotIssued {
+                            name: name.clone(),
+                            why,
+                        }
+                    });
                 }
                 "pending approval".to_owned()
             }
             Ok((StatusCode::NOT_FOUND, _)) => {
-                return Err(format!("{name}: the CSR was deleted before it was issued"));
+                return Err(CsrError::Deleted { name });
             }
             Ok((code, _)) => format!("reading it answered {code}"),
             Err(e) => format!("cannot read it: {e}"),
         };
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(format!(
-                "{name} ({problem}) was not issued in time: {APPROVE_IT}"
-            ));
+            return Err(CsrError::NotInTime { name, problem });
         }
         if reminded.elapsed() >= PENDING_REMINDER {
             warn!(
@@ -117,25 +159,27 @@ pub(crate) async fn request(
 
 const APPROVE_IT: &str = "approve the CSR (yurt-manager's csrapprover does in OpenYurt clusters)";
 
-async fn submit(transport: &impl CsrTransport, object: Value) -> Result<String, String> {
-    let (code, reply) = transport.call(Method::POST, CSR_PATH, Some(object)).await?;
+async fn submit(transport: &impl CsrTransport, object: Value) -> Result<String, CsrError> {
+    let (code, reply) = transport
+        .call(Method::POST, CSR_PATH, Some(object))
+        .await
+        .map_err(CsrError::Call)?;
     if code != StatusCode::CREATED && code != StatusCode::OK {
-        return Err(format!(
-            "creating the CSR: {code}: {}",
-            String::from_utf8_lossy(&reply)
-        ));
+        return Err(CsrError::Create {
+            code,
+            reply: String::from_utf8_lossy(&reply).into_owned(),
+        });
     }
-    let created: Value = serde_json::from_slice(&reply)
-        .map_err(|e| format!("creating the CSR: unreadable answer: {e}"))?;
+    let created: Value = serde_json::from_slice(&reply).map_err(CsrError::CreateUnreadable)?;
     created
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .map(str::to_owned)
-        .ok_or_else(|| "creating the CSR: the answer has no name".to_owned())
+        .ok_or(CsrError::NoName)
 }
 
 /// `None` while pending; the PEM once issued; why not, once denied or failed.
-pub(crate) fn issued(csr: &Value) -> Option<Result<String, String>> {
+pub(crate) fn issued(csr: &Value) -> Option<Result<String, NotIssued>> {
     let conditions = csr
         .pointer("/status/conditions")
         .and_then(Value::as_array)
@@ -145,7 +189,10 @@ pub(crate) fn issued(csr: &Value) -> Option<Result<String, String>> {
         let kind = condition["type"].as_str().unwrap_or_default();
         if matches!(kind, "Denied" | "Failed") && condition["status"] != "False" {
             let message = condition["message"].as_str().unwrap_or_default();
-            return Some(Err(format!("{kind}: {message}")));
+            return Some(Err(NotIssued::Refused {
+                kind: kind.to_owned(),
+                message: message.to_owned(),
+            }));
         }
     }
     let encoded = csr.pointer("/status/certificate")?.as_str()?;
@@ -154,7 +201,7 @@ pub(crate) fn issued(csr: &Value) -> Option<Result<String, String>> {
             .decode(encoded)
             .ok()
             .and_then(|pem| String::from_utf8(pem).ok())
-            .ok_or_else(|| "status.certificate is not base64 PEM".to_owned()),
+            .ok_or(NotIssued::NotPem),
     )
 }
 
@@ -176,7 +223,10 @@ mod tests {
         let done = json!({"status": {"certificate": encoded, "conditions": [{"type": "Approved", "status": "True"}]}});
         assert_eq!(issued(&done), Some(Ok(pem.to_owned())));
         let denied = json!({"status": {"conditions": [{"type": "Denied", "status": "True", "message": "not yours"}]}});
-        assert_eq!(issued(&denied), Some(Err("Denied: not yours".to_owned())));
+        assert_eq!(
+            issued(&denied).map(|r| r.map_err(|e| e.to_string())),
+            Some(Err("Denied: not yours".to_owned()))
+        );
         let garbled = json!({"status": {"certificate": "%%%"}});
         assert!(matches!(issued(&garbled), Some(Err(_))));
     }
@@ -200,7 +250,7 @@ mod tests {
             method: Method,
             path: &str,
             _body: Option<Value>,
-        ) -> Result<(StatusCode, bytes::Bytes), String> {
+        ) -> Result<(StatusCode, bytes::Bytes), BoxError> {
             if method == Method::POST {
                 assert_eq!(path, CSR_PATH);
                 let created = json!({"metadata": {"name": "csr-1"}});
@@ -214,6 +264,7 @@ mod tests {
                 reads[0].clone()
             };
             next.map(|(code, body)| (code, body.to_string().into()))
+                .map_err(Into::into)
         }
     }
 
@@ -231,7 +282,10 @@ mod tests {
             Ok((StatusCode::OK, done)),
         ]);
         let issued = request(&transport, json!({}), "test", None).await;
-        assert_eq!(issued, Ok(("csr-1".to_owned(), pem.to_owned())));
+        assert_eq!(
+            issued.map_err(|e| e.to_string()),
+            Ok(("csr-1".to_owned(), pem.to_owned()))
+        );
     }
 
     #[tokio::test]
@@ -239,7 +293,8 @@ mod tests {
         let transport = Scripted::new(vec![pending()]);
         let err = request(&transport, json!({}), "test", Some(Instant::now()))
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("csr-1"), "{err}");
         assert!(err.contains("pending approval"), "{err}");
         assert!(err.contains("approve the CSR"), "{err}");
@@ -247,7 +302,8 @@ mod tests {
         let transport = Scripted::new(vec![Ok((StatusCode::NOT_FOUND, json!({})))]);
         let err = request(&transport, json!({}), "test", None)
             .await
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("deleted before it was issued"), "{err}");
     }
 }

@@ -189,18 +189,17 @@ impl ServingCertManager {
 
     /// One CSR, sent and waited for; the certificate is checked against its key and the names
     /// asked for, and kept on disk before it is used.
-    async fn obtain(&self, wanted: &Sans) -> Result<ServingCert, String> {
-        let draft = draft_csr(&self.config.node_name, wanted).map_err(|e| e.to_string())?;
+    async fn obtain(&self, wanted: &Sans) -> Result<ServingCert, ObtainError> {
+        let draft = draft_csr(&self.config.node_name, wanted)?;
         let (name, cert_pem) =
             csr::request(&*self.upstream, csr_object(&draft.csr_pem), "serving", None).await?;
         let origin = PathBuf::from(format!("certificatesigningrequest/{name}"));
-        let cert =
-            ServingCert::from_pem(&cert_pem, &draft.key_pem, &origin).map_err(|e| e.to_string())?;
+        let cert = ServingCert::from_pem(&cert_pem, &draft.key_pem, &origin)?;
         if !cert.sans.covers(wanted) {
-            return Err(format!(
-                "{name}: the issued certificate names {:?}, not everything asked for",
-                cert.sans
-            ));
+            return Err(ObtainError::Uncovered {
+                name,
+                sans: format!("{:?}", cert.sans),
+            });
         }
         if let Err(e) = cert.store(&self.config.file) {
             warn!(error = %e, "serving certificate is used but not kept; the next start asks again");
@@ -208,6 +207,17 @@ impl ServingCertManager {
         info!(csr = %name, not_after_unix = cert.not_after_unix(), "serving certificate issued");
         Ok(cert)
     }
+}
+
+/// Why no serving certificate was obtained this time.
+#[derive(Debug, thiserror::Error)]
+enum ObtainError {
+    #[error(transparent)]
+    Cert(#[from] outpost_certs::CertError),
+    #[error(transparent)]
+    Csr(#[from] csr::CsrError),
+    #[error("{name}: the issued certificate names {sans}, not everything asked for")]
+    Uncovered { name: String, sans: String },
 }
 
 /// The CertificateSigningRequest object for a serving certificate (kubelet's usages).

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::own::{MAX_BACKOFF, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
-use outpost_proxy::error::ProxyError;
+use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::Upstream;
 
 pub const NAME: &str = "yurt-hub-cfg";
@@ -157,9 +157,8 @@ impl ConfigWatch {
         let mut body = resp.into_body();
         let mut framer = LineFramer::new();
         while let Some(line) = OWN.next_line(&mut body, &mut framer).await? {
-            let event =
-                WatchEvent::parse(&line).map_err(|e| bad_reply(EventError::from(e).to_string()))?;
-            let object = event.object().map_err(|e| bad_reply(e.to_string()))?;
+            let event = WatchEvent::parse(&line).map_err(|e| bad_reply(EventError::from(e)))?;
+            let object = event.object().map_err(bad_reply)?;
             match event.event_type() {
                 Ok(EventType::Added | EventType::Modified) => {
                     let bytes = Bytes::copy_from_slice(object.as_bytes());
@@ -220,7 +219,7 @@ const OWN: OwnGets = OwnGets {
     user_agent: USER_AGENT,
 };
 
-fn bad_reply(cause: String) -> ProxyError {
+fn bad_reply(cause: impl Into<BoxError>) -> ProxyError {
     OWN.bad_reply(cause)
 }
 

@@ -8,7 +8,7 @@ use http::{Method, Request};
 use http_body_util::BodyExt;
 use outpost_core::wire::LineFramer;
 use outpost_proxy::body;
-use outpost_proxy::error::ProxyError;
+use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::{Identity, Server, Upstream};
 
 /// How long one of the hub's own watches lasts before it is opened again.
@@ -65,10 +65,11 @@ impl OwnGets {
         upstream.send(server, Identity::Node, req, deadline).await
     }
 
-    pub fn bad_reply(self, cause: String) -> ProxyError {
+    /// A failed read of the cloud's answer, `cause` being why (a message, or the error itself).
+    pub fn bad_reply(self, cause: impl Into<BoxError>) -> ProxyError {
         ProxyError::BadReply {
             server: self.label.into(),
-            cause,
+            cause: cause.into(),
         }
     }
 
@@ -76,7 +77,7 @@ impl OwnGets {
         body.collect()
             .await
             .map(|c| c.to_bytes())
-            .map_err(|e| self.bad_reply(e.to_string()))
+            .map_err(|e| self.bad_reply(e))
     }
 
     pub async fn next_line(
@@ -86,6 +87,6 @@ impl OwnGets {
     ) -> Result<Option<Bytes>, ProxyError> {
         body::next_line(body, framer)
             .await
-            .map_err(|e| self.bad_reply(e.to_string()))
+            .map_err(|e| self.bad_reply(e))
     }
 }

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::own::{MAX_BACKOFF, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
 use crate::supervisor::Supervisor;
-use outpost_proxy::error::ProxyError;
+use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::feed::{Handler, ListHead, ListMeta};
 use outpost_proxy::upstream::Upstream;
 
@@ -221,7 +221,7 @@ impl<H: Handler> Reflector<H> {
                 // it is left, and the next list (when the cloud is back) catches up.
                 () = &mut outage => {
                     self.save().await;
-                    return Err(bad_reply("its server became unhealthy".into()));
+                    return Err(bad_reply("its server became unhealthy"));
                 }
                 _ = sleep_until(save_at) => {
                     save_at = None;
@@ -246,9 +246,8 @@ impl<H: Handler> Reflector<H> {
 
     /// Applies one watch event; `Some` when the stream asks to be ended.
     fn apply_event(&mut self, line: &[u8]) -> Result<Option<Ended>, ProxyError> {
-        let event =
-            WatchEvent::parse(line).map_err(|e| bad_reply(EventError::from(e).to_string()))?;
-        let object = event.object().map_err(|e| bad_reply(e.to_string()))?;
+        let event = WatchEvent::parse(line).map_err(|e| bad_reply(EventError::from(e)))?;
+        let object = event.object().map_err(bad_reply)?;
         let meta = ObjectHead::parse(object.as_bytes())
             .map_err(|e| bad_reply(format!("watch event object: {e}")))?
             .metadata;
@@ -266,7 +265,7 @@ impl<H: Handler> Reflector<H> {
             }
             Ok(EventType::Bookmark) => {}
             Ok(EventType::Error) => return Ok(Some(Ended::Relist)),
-            Err(EventError::NoType) => return Err(bad_reply(EventError::NoType.to_string())),
+            Err(EventError::NoType) => return Err(bad_reply(EventError::NoType)),
             Err(_) => return Ok(Some(Ended::Relist)),
         }
         if !meta.resource_version.is_empty() {
@@ -330,11 +329,9 @@ impl<H: Handler> Reflector<H> {
             from_cloud: false,
         };
         let name = self.document();
-        let saved = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let packed = packed_list_document(&objects, &head).map_err(|e| e.to_string())?;
-            store
-                .put_document(&name, &packed)
-                .map_err(|e| e.to_string())
+        let saved = tokio::task::spawn_blocking(move || -> Result<(), BoxError> {
+            let packed = packed_list_document(&objects, &head)?;
+            Ok(store.put_document(&name, &packed)?)
         })
         .await;
         if let Ok(Err(e)) = saved {
@@ -429,7 +426,7 @@ const OWN: OwnGets = OwnGets {
     user_agent: USER_AGENT,
 };
 
-fn bad_reply(cause: String) -> ProxyError {
+fn bad_reply(cause: impl Into<BoxError>) -> ProxyError {
     OWN.bad_reply(cause)
 }
 

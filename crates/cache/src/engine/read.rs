@@ -127,14 +127,11 @@ fn read_object<K: Kv>(
 }
 
 /// Applies the query's leftover selectors; `Err` = the bytes do not parse (corruption).
-fn selected(filter: &Filter<'_>, bytes: &[u8]) -> Result<bool, String> {
+fn selected(filter: &Filter<'_>, bytes: &[u8]) -> Result<bool, serde_json::Error> {
     if !filter.needs_json() {
         return Ok(true);
     }
-    let parts = filter
-        .parts(bytes)
-        .map_err(|e| format!("stored JSON: {e}"))?;
-    Ok(filter.matches_json(&parts))
+    Ok(filter.matches_json(&filter.parts(bytes)?))
 }
 
 /// Where a watch from `rv` starts in `log`, if the log provably holds everything after `rv`:
@@ -170,16 +167,14 @@ fn replay_start(log: &[LogEntry], floor: &ResourceVersion, rv: &ResourceVersion)
 /// client's version (its first entry in the tail is ADDED) was never the client's, and is left
 /// out. Namespaces never change, so an object of another namespace is always left out.
 /// Bookmarks always pass.
-fn narrowed(filter: &Filter<'_>, replayed: Replayed) -> Result<Option<Event>, String> {
+fn narrowed(filter: &Filter<'_>, replayed: Replayed) -> Result<Option<Event>, serde_json::Error> {
     let Replayed { mut event, entered } = replayed;
     if event.event_type == EventType::Bookmark
         || (filter.namespace.is_none() && !filter.needs_json())
     {
         return Ok(Some(event));
     }
-    let parts = filter
-        .parts(&event.object)
-        .map_err(|e| format!("event JSON: {e}"))?;
+    let parts = filter.parts(&event.object)?;
     let ns = parts
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -267,13 +262,13 @@ impl<K: Kv> Engine<K> {
                     Some(Ok(object)) => match selected(&scope.filter, &object.bytes) {
                         Ok(true) => result.items.push(object),
                         Ok(false) => {}
-                        Err(reason) => {
+                        Err(e) => {
                             let raw_key = keys::object_key(OBJECT, &key);
                             if let Some(raw) = kv.get(&raw_key)? {
                                 suspects.push(Suspect {
                                     key: raw_key,
                                     raw,
-                                    reason,
+                                    reason: format!("stored JSON: {e}"),
                                 });
                             }
                             result.missing.push(key);

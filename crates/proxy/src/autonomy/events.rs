@@ -25,12 +25,13 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::ReplayError;
 use crate::body::ProxyBody;
 use crate::edge::offline::blocking;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::objects;
-use crate::upstream::{OwnCall, Upstream};
+use crate::upstream::{OwnCall, OwnCallError, Upstream};
 
 /// Events kept at most while offline.
 pub const MAX_QUEUED: usize = 1000;
@@ -253,8 +254,8 @@ impl Events {
 }
 
 /// Sends one queued write; `Err` means the cloud could not take it now.
-async fn send(upstream: &Upstream, queued: &Queued) -> Result<&'static str, String> {
-    let server = upstream.pick().ok_or("no healthy apiserver")?;
+async fn send(upstream: &Upstream, queued: &Queued) -> Result<&'static str, ReplayError> {
+    let server = upstream.pick().ok_or(OwnCallError::Offline)?;
     let collection = format!("/api/v1/namespaces/{}/events", queued.namespace);
     let (method, path, content_type) = if queued.method == "POST" {
         (Method::POST, collection, "application/json")
@@ -281,7 +282,7 @@ async fn send(upstream: &Upstream, queued: &Queued) -> Result<&'static str, Stri
         c if c.is_success() => Ok("replayed"),
         StatusCode::CONFLICT => Ok("replayed_duplicate"),
         c if c.is_server_error() || c == StatusCode::TOO_MANY_REQUESTS => {
-            Err(format!("{} answered {c}", queued.method))
+            Err(ReplayError::answered(&queued.method, c))
         }
         _ => Ok("dropped_refused"),
     }

@@ -42,6 +42,30 @@ pub use calls::KubeletCalls;
 use lease::LocalLease;
 use node_status::NodeStatus;
 
+/// Why something kept while offline could not be sent to the cloud now (it is tried again on
+/// the next return).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Call(#[from] crate::upstream::OwnCallError),
+    #[error("{what} answered {code}")]
+    Answered {
+        what: String,
+        code: http::StatusCode,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+impl ReplayError {
+    pub(crate) fn answered(what: impl Into<String>, code: http::StatusCode) -> ReplayError {
+        ReplayError::Answered {
+            what: what.into(),
+            code,
+        }
+    }
+}
+
 /// A named background task for the node agent to run.
 pub type Task = (
     &'static str,

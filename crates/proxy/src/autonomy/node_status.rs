@@ -26,12 +26,13 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::KubeletCalls;
+use super::ReplayError;
 use super::condition;
 use crate::body::{BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
 use crate::objects;
-use crate::upstream::{OwnCall, Server, Upstream};
+use crate::upstream::{OwnCall, OwnCallError, Server, Upstream};
 
 const MAX_BODY: usize = 1 << 20;
 const USER_AGENT: &str = "outpost/node-status";
@@ -192,7 +193,11 @@ impl NodeStatus {
         }
     }
 
-    async fn sync_autonomy(&self, upstream: &Upstream, cache_failures: u32) -> Result<(), String> {
+    async fn sync_autonomy(
+        &self,
+        upstream: &Upstream,
+        cache_failures: u32,
+    ) -> Result<(), ReplayError> {
         let (server, node) = self.cloud_node(upstream).await?;
         let Some(conditions) = condition::updated_conditions(&node, cache_failures) else {
             return Ok(());
@@ -203,7 +208,7 @@ impl NodeStatus {
     }
 
     /// Re-reads the cloud's node and sends the locally newer conditions; returns how many.
-    async fn replay(&self, upstream: &Upstream, local: &Value) -> Result<usize, String> {
+    async fn replay(&self, upstream: &Upstream, local: &Value) -> Result<usize, ReplayError> {
         let (server, cloud) = self.cloud_node(upstream).await?;
         let (merged, newer) = newer_conditions(&cloud, local);
         if newer > 0 {
@@ -213,16 +218,19 @@ impl NodeStatus {
     }
 
     /// The cloud's node, read through a healthy server (which the patch then uses too).
-    async fn cloud_node<'u>(&self, upstream: &'u Upstream) -> Result<(&'u Server, Value), String> {
-        let server = upstream.pick().ok_or("no healthy apiserver")?;
+    async fn cloud_node<'u>(
+        &self,
+        upstream: &'u Upstream,
+    ) -> Result<(&'u Server, Value), ReplayError> {
+        let server = upstream.pick().ok_or(OwnCallError::Offline)?;
         let path = format!("/api/v1/nodes/{}", self.node);
         let (status, body) = upstream
             .own_call(server, own_call(Method::GET, &path, None))
             .await?;
         if status != StatusCode::OK {
-            return Err(format!("node read answered {status}"));
+            return Err(ReplayError::answered("node read", status));
         }
-        let node = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let node = serde_json::from_slice(&body)?;
         Ok((server, node))
     }
 
@@ -233,13 +241,13 @@ impl NodeStatus {
         upstream: &Upstream,
         server: &Server,
         conditions: Vec<Value>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplayError> {
         let path = format!("/api/v1/nodes/{}/status", self.node);
         let patch = json!({ "status": { "conditions": conditions } });
         let call = own_call(Method::PATCH, &path, Some(patch));
         let (status, _) = upstream.own_call(server, call).await?;
         if status != StatusCode::OK {
-            return Err(format!("status patch answered {status}"));
+            return Err(ReplayError::answered("status patch", status));
         }
         Ok(())
     }

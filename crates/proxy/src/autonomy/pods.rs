@@ -30,13 +30,14 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use super::ReplayError;
 use crate::body::ProxyBody;
 use crate::edge::offline::blocking;
 use crate::edge::overlay::{LocalPod, Overlay};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::objects;
-use crate::upstream::{OwnCall, Upstream};
+use crate::upstream::{OwnCall, OwnCallError, Upstream};
 
 /// A status patch with every container's state is a few KB.
 const MAX_BODY: usize = 1 << 20;
@@ -208,8 +209,8 @@ impl PodStatuses {
         namespace: &str,
         name: &str,
         report: &LocalPod,
-    ) -> Result<&'static str, String> {
-        let server = upstream.pick().ok_or("no healthy apiserver")?;
+    ) -> Result<&'static str, ReplayError> {
+        let server = upstream.pick().ok_or(OwnCallError::Offline)?;
         let path = format!("/api/v1/namespaces/{namespace}/pods/{name}");
         let (code, body) = upstream
             .own_call(server, call(Method::GET, &path, None))
@@ -218,9 +219,9 @@ impl PodStatuses {
             return Ok("dropped_deleted");
         }
         if code != StatusCode::OK {
-            return Err(format!("pod read answered {code}"));
+            return Err(ReplayError::answered("pod read", code));
         }
-        let cloud: Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let cloud: Value = serde_json::from_slice(&body)?;
         if cloud["metadata"]["uid"].as_str() != Some(report.uid.as_str()) {
             return Ok("dropped_recreated");
         }
@@ -235,7 +236,7 @@ impl PodStatuses {
         match code {
             StatusCode::OK => Ok("replayed"),
             StatusCode::NOT_FOUND | StatusCode::CONFLICT => Ok("dropped_recreated"),
-            other => Err(format!("status patch answered {other}")),
+            other => Err(ReplayError::answered("status patch", other)),
         }
     }
 

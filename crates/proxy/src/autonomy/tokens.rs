@@ -154,7 +154,7 @@ impl Tokens {
                 }
             }
             Err(reason) => {
-                debug!(reason, "TokenRequest answer not kept");
+                debug!(%reason, "TokenRequest answer not kept");
                 "unusable_answer"
             }
         };
@@ -286,20 +286,37 @@ fn accepts(headers: &HeaderMap, encoding: Encoding) -> bool {
         })
 }
 
+/// Why the cloud's answer to a TokenRequest is not kept.
+#[derive(Debug, thiserror::Error)]
+enum AnswerError {
+    #[error(transparent)]
+    Body(#[from] wire::BodyError),
+    #[error("a {0} came back")]
+    NotTokenRequest(Value),
+    #[error("no token in the answer")]
+    NoToken,
+    #[error("the answer is bound to another object")]
+    BoundElsewhere,
+}
+
 /// Whether the cloud's answer is a TokenRequest with a token for the object `key` names.
-fn check_answer(key: &TokenKey, content_type: Option<&str>, answer: &[u8]) -> Result<(), String> {
-    let object = wire::read_body(content_type, answer).map_err(|e| e.to_string())?;
+fn check_answer(
+    key: &TokenKey,
+    content_type: Option<&str>,
+    answer: &[u8],
+) -> Result<(), AnswerError> {
+    let object = wire::read_body(content_type, answer)?;
     if object["kind"].as_str().is_some_and(|k| k != "TokenRequest") {
-        return Err(format!("a {} came back", object["kind"]));
+        return Err(AnswerError::NotTokenRequest(object["kind"].clone()));
     }
     if object["status"]["token"].as_str().is_none_or(str::is_empty) {
-        return Err("no token in the answer".into());
+        return Err(AnswerError::NoToken);
     }
     let bound_uid = object["spec"]["boundObjectRef"]["uid"]
         .as_str()
         .unwrap_or_default();
     if bound_uid != key.pod_uid() {
-        return Err("the answer is bound to another object".into());
+        return Err(AnswerError::BoundElsewhere);
     }
     Ok(())
 }

@@ -66,12 +66,14 @@ pub fn api_version(gvr: &Gvr) -> String {
 /// `NetworkPolicy`/`networkpolicies`, `Ingress`/`ingresses`), or a known exception. An
 /// upstream answer for another object (a `Secret` on a `configmaps` path) is not cached under
 /// the requested key. A custom resource whose plural does not follow the rule is not cached.
-pub fn check_kind(gvr: &Gvr, kind: &str, api_version: &str) -> Result<(), String> {
+pub fn check_kind(gvr: &Gvr, kind: &str, api_version: &str) -> Result<(), KindMismatch> {
     let expected = self::api_version(gvr);
     if api_version != expected {
-        return Err(format!(
-            "apiVersion {api_version:?} answers a request for {gvr} ({expected})"
-        ));
+        return Err(KindMismatch::ApiVersion {
+            api_version: api_version.to_owned(),
+            gvr: gvr.clone(),
+            expected,
+        });
     }
     let irregular = IRREGULAR
         .iter()
@@ -81,9 +83,25 @@ pub fn check_kind(gvr: &Gvr, kind: &str, api_version: &str) -> Result<(), String
         None => named_after(kind, &gvr.resource),
     };
     if !fits {
-        return Err(format!("a {kind} answers a request for {gvr}"));
+        return Err(KindMismatch::Kind {
+            kind: kind.to_owned(),
+            gvr: gvr.clone(),
+        });
     }
     Ok(())
+}
+
+/// An answer that is not an object of the resource asked for ([`check_kind`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KindMismatch {
+    #[error("apiVersion {api_version:?} answers a request for {gvr} ({expected})")]
+    ApiVersion {
+        api_version: String,
+        gvr: Gvr,
+        expected: String,
+    },
+    #[error("a {kind} answers a request for {gvr}")]
+    Kind { kind: String, gvr: Gvr },
 }
 
 /// Resources not named after their kind by the plural rule.
@@ -345,7 +363,9 @@ mod tests {
             let gvr = Gvr::new(group, "v1", resource);
             assert_eq!(check_kind(&gvr, kind, &format!("{group}/v1")), Ok(()));
         }
-        let err = check_kind(&core("configmaps"), "Secret", "v1").unwrap_err();
+        let err = check_kind(&core("configmaps"), "Secret", "v1")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Secret"), "{err}");
         assert!(check_kind(&core("pods"), "Pod", "apps/v1").is_err());
         assert!(check_kind(&Gvr::new("apps", "v1", "deployments"), "Deployment", "v1").is_err());

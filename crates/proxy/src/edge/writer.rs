@@ -848,7 +848,8 @@ fn apply_object(
     if kind == "Status" || kind.ends_with("List") {
         return Err(ApplyError::Invalid(format!("a {kind} is not an object")));
     }
-    kinds::check_kind(&key.gvr, &kind, &api_version).map_err(ApplyError::Mismatch)?;
+    kinds::check_kind(&key.gvr, &kind, &api_version)
+        .map_err(|e| ApplyError::Mismatch(e.to_string()))?;
     let names = &head.metadata;
     if names.name != key.name || names.namespace != key.namespace {
         return Err(ApplyError::Mismatch(format!(
@@ -883,7 +884,8 @@ fn apply_list(
     };
     let kind = KindInfo::from_list(list_kind, api_version)
         .ok_or_else(|| ApplyError::Invalid(format!("a {list_kind} is not a list")))?;
-    kinds::check_kind(&scope.gvr, &kind.kind, &kind.api_version).map_err(ApplyError::Mismatch)?;
+    kinds::check_kind(&scope.gvr, &kind.kind, &kind.api_version)
+        .map_err(|e| ApplyError::Mismatch(e.to_string()))?;
     if !list.metadata.continue_token.is_empty() {
         // One page of a chunked list cannot replace a scope; the full list will.
         return Ok("partial");
@@ -987,7 +989,8 @@ fn apply_streamed_list(
 fn check_event_kind(scope: &Scope, object: &[u8]) -> Result<(), ApplyError> {
     let (kind, api_version) = kinds::type_meta(object)
         .ok_or_else(|| ApplyError::Invalid("watch event object without kind/apiVersion".into()))?;
-    kinds::check_kind(&scope.gvr, &kind, &api_version).map_err(ApplyError::Mismatch)
+    kinds::check_kind(&scope.gvr, &kind, &api_version)
+        .map_err(|e| ApplyError::Mismatch(e.to_string()))
 }
 
 /// What became of one watch line before the store saw it.

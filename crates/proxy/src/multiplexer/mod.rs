@@ -57,10 +57,17 @@ pub struct PoolScopeResource {
     pub gvr: Gvr,
 }
 
-impl std::str::FromStr for PoolScopeResource {
-    type Err = String;
+/// A `--pool-scope-resources` entry that is not `group/version/resource`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not group/version/resource (e.g. /v1/services, discovery.k8s.io/v1/endpointslices)"
+)]
+pub struct PoolScopeError(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for PoolScopeResource {
+    type Err = PoolScopeError;
+
+    fn from_str(s: &str) -> Result<Self, PoolScopeError> {
         let parts: Vec<&str> = s.trim().split('/').collect();
         match parts[..] {
             [group, version, resource] if !version.is_empty() && !resource.is_empty() => {
@@ -68,9 +75,7 @@ impl std::str::FromStr for PoolScopeResource {
                     gvr: Gvr::new(group, version, resource),
                 })
             }
-            _ => Err(format!(
-                "{s:?} is not group/version/resource (e.g. /v1/services, discovery.k8s.io/v1/endpointslices)"
-            )),
+            _ => Err(PoolScopeError(s.to_owned())),
         }
     }
 }

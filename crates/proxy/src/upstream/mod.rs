@@ -40,6 +40,25 @@ pub enum LbMode {
     Priority,
 }
 
+/// Why a `--server-addr` entry is not an apiserver address.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerAddrError {
+    #[error("empty server address")]
+    Empty,
+    #[error("invalid server address {addr:?}: {source}")]
+    Invalid {
+        addr: String,
+        #[source]
+        source: http::Error,
+    },
+    #[error("server address {addr:?} must use https (got scheme {scheme:?})")]
+    NotHttps { addr: String, scheme: String },
+    #[error("server address {addr:?} has no host")]
+    NoHost { addr: String },
+    #[error("server address {addr:?} must not have a path")]
+    HasPath { addr: String },
+}
+
 /// One apiserver, as given in `--server-addr` (always https).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
@@ -49,37 +68,41 @@ pub struct Server {
 
 impl Server {
     /// Parses one `--server-addr` entry: a missing scheme means https, any other scheme is refused.
-    pub fn parse(addr: &str) -> Result<Server, String> {
+    pub fn parse(addr: &str) -> Result<Server, ServerAddrError> {
         let addr = addr.trim().trim_end_matches('/');
         if addr.is_empty() {
-            return Err("empty server address".into());
+            return Err(ServerAddrError::Empty);
         }
         let with_scheme = if addr.contains("://") {
             addr.to_owned()
         } else {
             format!("https://{addr}")
         };
-        let uri: Uri = with_scheme
-            .parse()
-            .map_err(|e| format!("invalid server address {addr:?}: {e}"))?;
+        let invalid = |source: http::Error| ServerAddrError::Invalid {
+            addr: addr.to_owned(),
+            source,
+        };
+        let uri: Uri = with_scheme.parse::<Uri>().map_err(|e| invalid(e.into()))?;
         if uri.scheme_str() != Some("https") {
-            return Err(format!(
-                "server address {addr:?} must use https (got scheme {:?})",
-                uri.scheme_str().unwrap_or_default()
-            ));
+            return Err(ServerAddrError::NotHttps {
+                addr: addr.to_owned(),
+                scheme: uri.scheme_str().unwrap_or_default().to_owned(),
+            });
         }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| format!("server address {addr:?} has no host"))?;
+        let authority = uri.authority().ok_or_else(|| ServerAddrError::NoHost {
+            addr: addr.to_owned(),
+        })?;
         if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(format!("server address {addr:?} must not have a path"));
+            return Err(ServerAddrError::HasPath {
+                addr: addr.to_owned(),
+            });
         }
         let base = Uri::builder()
             .scheme("https")
             .authority(authority.clone())
             .path_and_query("/")
             .build()
-            .map_err(|e| format!("invalid server address {addr:?}: {e}"))?;
+            .map_err(invalid)?;
         Ok(Server { base })
     }
 
@@ -275,7 +298,7 @@ impl Upstream {
             .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
         match tokio::time::timeout(deadline, self.start(identity, req)).await {
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify_client_error(server, &e)),
+            Ok(Err(e)) => Err(classify_client_error(server, e)),
             Err(_elapsed) => Err(ProxyError::Timeout {
                 server: server.label(),
                 after: deadline,
@@ -295,12 +318,24 @@ pub struct OwnCall<'a> {
     pub timeout: Duration,
 }
 
-/// Why [`Upstream::own_call_any`] has no answer.
-#[derive(Debug)]
+/// Why one of the hub's own calls has no answer.
+#[derive(Debug, thiserror::Error)]
 pub enum OwnCallError {
     /// No server is healthy: the hub is offline.
+    #[error("no healthy apiserver")]
     Offline,
-    Failed(String),
+    /// The call cannot be made into a request (an unusable path).
+    #[error(transparent)]
+    Request(#[from] http::Error),
+    #[error(transparent)]
+    Exchange(#[from] ProxyError),
+    #[error("{user_agent} {path}: response body timed out")]
+    BodyTimedOut {
+        user_agent: &'static str,
+        path: String,
+    },
+    #[error(transparent)]
+    Body(#[from] hyper::Error),
 }
 
 impl Upstream {
@@ -310,9 +345,7 @@ impl Upstream {
         call: OwnCall<'_>,
     ) -> Result<(http::StatusCode, bytes::Bytes), OwnCallError> {
         let server = self.pick().ok_or(OwnCallError::Offline)?;
-        self.own_call(server, call)
-            .await
-            .map_err(OwnCallError::Failed)
+        self.own_call(server, call).await
     }
 
     /// Sends one of the hub's own requests as the node and reads the whole (small) answer,
@@ -321,7 +354,7 @@ impl Upstream {
         &self,
         server: &Server,
         call: OwnCall<'_>,
-    ) -> Result<(http::StatusCode, bytes::Bytes), String> {
+    ) -> Result<(http::StatusCode, bytes::Bytes), OwnCallError> {
         use http_body_util::BodyExt;
         // A GET that finds its pooled connection gone (the server restarted, a link came back)
         // is sent once more on a fresh one, as the pipeline retries its reads.
@@ -342,19 +375,21 @@ impl Upstream {
                 break;
             }
         }
-        let resp = sent.map_err(|e| e.to_string())?;
+        let resp = sent?;
         let status = resp.status();
         let bytes = tokio::time::timeout(call.timeout, resp.into_body().collect())
             .await
-            .map_err(|_| format!("{} {}: response body timed out", call.user_agent, call.path))?
-            .map_err(|e| e.to_string())?
+            .map_err(|_| OwnCallError::BodyTimedOut {
+                user_agent: call.user_agent,
+                path: call.path.to_owned(),
+            })??
             .to_bytes();
         Ok((status, bytes))
     }
 }
 
 /// The HTTP request for one of the hub's own calls.
-fn own_request(call: &OwnCall<'_>) -> Result<Request<ProxyBody>, String> {
+fn own_request(call: &OwnCall<'_>) -> Result<Request<ProxyBody>, http::Error> {
     let mut builder = Request::builder()
         .method(call.method.clone())
         .uri(call.path)
@@ -367,7 +402,7 @@ fn own_request(call: &OwnCall<'_>) -> Result<Request<ProxyBody>, String> {
         }
         None => crate::body::empty(),
     };
-    builder.body(body).map_err(|e| e.to_string())
+    builder.body(body)
 }
 
 fn https_client(
@@ -399,14 +434,15 @@ fn https_client(
 /// Sorts a client error into unreachable (connect/TLS, or the connection lost before any
 /// answer: a server going away while a pooled connection was in use) or bad reply (anything
 /// the server did answer that is not HTTP).
-fn classify_client_error(server: &Server, err: &hyper_util::client::legacy::Error) -> ProxyError {
-    let cause = crate::error::error_chain(err);
-    if err.is_connect() {
+fn classify_client_error(server: &Server, err: hyper_util::client::legacy::Error) -> ProxyError {
+    let lost = connection_lost(&err);
+    let cause = Box::new(err);
+    if cause.is_connect() {
         ProxyError::Unreachable {
             server: server.label(),
             cause,
         }
-    } else if connection_lost(err) {
+    } else if lost {
         ProxyError::ConnectionLost {
             server: server.label(),
             cause,
@@ -483,6 +519,7 @@ mod tests {
         assert!(
             Server::parse("http://10.0.0.1:6443")
                 .unwrap_err()
+                .to_string()
                 .contains("must use https")
         );
         assert!(Server::parse("").is_err());
