@@ -83,24 +83,15 @@ impl Hub {
         let (ports, dummy_if) = Ports::bind(&config, &metrics).await?;
         // The cloud: which servers are healthy, and the clients that reach them.
         let (states, upstream) = connect(&config, &metrics);
-        identity::keep_client_certificate(&config, &upstream, &metrics, &tasks);
+        let renewal = config.token_bootstrap.as_ref();
+        let interval = config.health.interval;
+        identity::keep_client_certificate(interval, renewal, &upstream, &metrics, &tasks);
         let edge = edge_cache(&config, &states, &metrics)?;
-        let heartbeat = health::start(
-            &config,
-            edge.is_some(),
-            &states,
-            &upstream,
-            &metrics,
-            &tasks,
-        );
-        let side = side::start(
-            &config,
-            ports.secure_addr(),
-            &upstream,
-            edge.as_ref(),
-            &metrics,
-            &tasks,
-        );
+        let cloud = (&states, &upstream);
+        let (node, edge_mode) = (&config.node_name, edge.is_some());
+        let heartbeat = health::start(node, &config.health, edge_mode, cloud, &metrics, &tasks);
+        let settings = side_settings(&config, &ports);
+        let side = side::start(&settings, &upstream, edge.as_ref(), &metrics, &tasks);
         let autonomy = kubelet_autonomy(
             &config,
             edge.as_ref(),
@@ -110,8 +101,7 @@ impl Hub {
             &tasks,
         )
         .await;
-        let multiplexer =
-            shared_cache(&config, &states, &upstream, edge.as_ref(), &metrics, &tasks);
+        let multiplexer = shared_cache(&config, cloud, edge.as_ref(), &metrics, &tasks);
         host::start(dummy_if.as_ref(), &metrics, &tasks);
         let pipeline = Arc::new(Pipeline {
             upstream: upstream.clone(),
@@ -122,9 +112,10 @@ impl Hub {
             multiplexer,
             verified_tokens: Arc::new(verified_tokens(&config)),
         });
-        let admin = admin::Admin::new(&config, &pipeline, side, ports.serving_cert.clone());
+        let admin = admin(&config, &pipeline, side, ports.serving_cert.clone());
         let hub = ports.serve(&config, pipeline, admin, tasks, dummy_if);
-        info!(proxy = %hub.proxy_addr, admin = %hub.admin_addr, secure = ?hub.secure_addr, upstream = ?upstream.states().servers().map(Server::label).collect::<Vec<_>>(), "hub serving");
+        let servers: Vec<String> = states.servers().map(Server::label).collect();
+        info!(proxy = %hub.proxy_addr, admin = %hub.admin_addr, secure = ?hub.secure_addr, upstream = ?servers, "hub serving");
         Ok(hub)
     }
 
@@ -253,8 +244,7 @@ async fn kubelet_autonomy(
 /// this agent runs, started on each resource's first read.
 fn shared_cache(
     config: &HubConfig,
-    states: &Arc<ServerStates>,
-    upstream: &Arc<Upstream>,
+    (states, upstream): (&Arc<ServerStates>, &Arc<Upstream>),
     edge: Option<&Edge>,
     metrics: &Metrics,
     tasks: &Arc<Supervisor>,
@@ -281,6 +271,76 @@ fn shared_cache(
         min_request_timeout,
         edge.map(|e| e.overlay().clone()),
     ))
+}
+
+/// The admin endpoints of a hub serving `pipeline`: readiness over the request path's parts
+/// and what the agent keeps (`side`, the secure port's `serving_cert`).
+fn admin(
+    config: &HubConfig,
+    pipeline: &Arc<outpost_proxy::pipeline::Pipeline>,
+    side: side::Side,
+    serving_cert: Option<Arc<outpost_certs::serving::CertSlot>>,
+) -> Arc<admin::Admin> {
+    let edge = config.edge.as_ref();
+    let readiness = admin::Readiness {
+        identity: pipeline.upstream.identity(),
+        cache: pipeline.edge.as_ref().map(|e| e.store().clone()),
+        cache_volatile: edge.and_then(|c| c.volatile.clone()),
+        cache_hung_after: edge.map_or(admin::CACHE_HUNG_AFTER, |c| c.hung_after),
+        servers: Some(pipeline.upstream.states().clone()),
+        edge: pipeline.edge.is_some(),
+        config: Some(side.config),
+        side_data: side.side_data,
+        serving_cert,
+        flap_guard: config.health.interval * 2,
+        history: std::sync::Mutex::default(),
+    };
+    Arc::new(admin::Admin {
+        readiness,
+        metrics: pipeline.metrics.clone(),
+        token_bootstrap: config.token_bootstrap.clone(),
+        token_updates: tokio::sync::Mutex::default(),
+        ota: admin::ota::Ota {
+            upstream: pipeline.upstream.clone(),
+            node_name: config.node_name.clone(),
+        },
+        pods: admin::NodePods {
+            pipeline: pipeline.clone(),
+            node_name: config.node_name.clone(),
+        },
+    })
+}
+
+/// What the side data is started with.
+fn side_settings<'c>(config: &'c HubConfig, ports: &Ports) -> side::Settings<'c> {
+    side::Settings {
+        node: &config.node_name,
+        namespace: &config.namespace,
+        filters: config.filters.as_ref(),
+        secure_addr: ports.secure_addr(),
+    }
+}
+
+/// What the secure port's certificate names: the node, the secure and proxy addresses
+/// (unless unspecified) and `--node-ip`.
+fn serving_cert_config(
+    config: &HubConfig,
+    secure: &SecureConfig,
+    proxy_addr: SocketAddr,
+) -> identity::serving_cert::ServingCertConfig {
+    identity::serving_cert::ServingCertConfig {
+        node_name: config.node_name.clone(),
+        ips: [
+            Some(secure.addr.ip()),
+            Some(proxy_addr.ip()),
+            secure.node_ip,
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|ip| !ip.is_unspecified())
+        .collect(),
+        file: secure.cert_file.clone(),
+    }
 }
 
 /// Secure-port tokens the apiserver accepted before (kept in a file, when there is one).
@@ -357,7 +417,7 @@ impl Ports {
             (self.secure, &config.secure, self.serving_cert)
         {
             let slots = Slots::new("secure", budget.secure, port_metrics(metrics, "secure"));
-            let certificate = identity::serving_cert_config(config, secure, self.proxy.1);
+            let certificate = serving_cert_config(config, secure, self.proxy.1);
             identity::keep_serving_certificate(certificate, &slot, &pipeline, &tasks);
             let acceptor = tokio_rustls::TlsAcceptor::from(slot.server_config());
             let served = pipeline.clone();

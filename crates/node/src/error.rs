@@ -20,7 +20,7 @@ pub enum NodeError {
     )]
     NotReady {
         url: String,
-        last: crate::readyz::ProbeError,
+        last: ProbeError,
         waited: Duration,
         manifest: PathBuf,
     },
@@ -71,4 +71,23 @@ impl NodeError {
             source,
         }
     }
+}
+
+/// Why one readiness probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} has no address")]
+    NoAddress(String),
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("not an HTTP response")]
+    NotHttp,
 }

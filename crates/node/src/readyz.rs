@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::error::NodeError;
+use crate::error::{NodeError, ProbeError};
 
 const POLL_EVERY: Duration = Duration::from_millis(500);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -87,25 +87,6 @@ impl ReadyzUrl {
             .next()
             .ok_or_else(|| ProbeError::NoAddress(host()))
     }
-}
-
-/// Why one readiness probe failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    #[error("cannot resolve {host}: {source}")]
-    Resolve {
-        host: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{0} has no address")]
-    NoAddress(String),
-    #[error("HTTP {0}")]
-    Status(u16),
-    #[error("not an HTTP response")]
-    NotHttp,
 }
 
 fn split_host_port(authority: &str) -> Option<(&str, u16)> {

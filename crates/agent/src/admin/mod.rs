@@ -385,46 +385,6 @@ impl NodePods {
     }
 }
 
-impl Admin {
-    /// The admin endpoints of a hub serving `pipeline`: readiness over the request path's parts
-    /// and what the agent keeps (`side`, the secure port's `serving_cert`).
-    pub fn new(
-        config: &crate::HubConfig,
-        pipeline: &Arc<outpost_proxy::pipeline::Pipeline>,
-        side: crate::side::Side,
-        serving_cert: Option<Arc<outpost_certs::serving::CertSlot>>,
-    ) -> Arc<Admin> {
-        let edge = config.edge.as_ref();
-        let readiness = Readiness {
-            identity: pipeline.upstream.identity(),
-            cache: pipeline.edge.as_ref().map(|e| e.store().clone()),
-            cache_volatile: edge.and_then(|c| c.volatile.clone()),
-            cache_hung_after: edge.map_or(CACHE_HUNG_AFTER, |c| c.hung_after),
-            servers: Some(pipeline.upstream.states().clone()),
-            edge: pipeline.edge.is_some(),
-            config: Some(side.config),
-            side_data: side.side_data,
-            serving_cert,
-            flap_guard: config.health.interval * 2,
-            history: Mutex::default(),
-        };
-        Arc::new(Admin {
-            readiness,
-            metrics: pipeline.metrics.clone(),
-            token_bootstrap: config.token_bootstrap.clone(),
-            token_updates: tokio::sync::Mutex::default(),
-            ota: ota::Ota {
-                upstream: pipeline.upstream.clone(),
-                node_name: config.node_name.clone(),
-            },
-            pods: NodePods {
-                pipeline: pipeline.clone(),
-                node_name: config.node_name.clone(),
-            },
-        })
-    }
-}
-
 /// How long `/v1/token` waits for its (small) request body.
 const TOKEN_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 

@@ -21,7 +21,6 @@ use outpost_proxy::Metrics;
 use outpost_proxy::autonomy::KubeletCalls;
 use outpost_proxy::upstream::{Server, ServerStates, Upstream};
 
-use crate::HubConfig;
 use crate::supervisor::Supervisor;
 
 /// The prober's settings (yurthub's heartbeat flags).
@@ -84,16 +83,16 @@ pub fn server_states(
 /// the node lease, and the evidence of kubelet's calls it is gated on is returned (kubelet's
 /// lease requests, answered by the request path, record it).
 pub fn start(
-    config: &HubConfig,
+    node: &str,
+    config: &HealthConfig,
     edge: bool,
-    states: &Arc<ServerStates>,
-    upstream: &Arc<Upstream>,
+    (states, upstream): (&Arc<ServerStates>, &Arc<Upstream>),
     metrics: &Metrics,
     tasks: &Supervisor,
 ) -> Option<Arc<KubeletCalls>> {
-    let heartbeat = match &config.health.heartbeat {
+    let heartbeat = match &config.heartbeat {
         Some(hb) if edge => Some(Arc::new(prober::Heartbeat::new(
-            &config.node_name,
+            node,
             hb.clone(),
             Arc::default(),
         ))),
@@ -103,7 +102,7 @@ pub fn start(
         states.clone(),
         upstream.clone(),
         heartbeat.clone(),
-        config.health.clone(),
+        config.clone(),
         metrics.clone(),
         tasks.stopping(),
     );

@@ -11,8 +11,8 @@ pub mod client_cert;
 mod csr;
 pub mod serving_cert;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use outpost_certs::serving::CertSlot;
 use outpost_proxy::Metrics;
@@ -20,13 +20,15 @@ use outpost_proxy::pipeline::Pipeline;
 use outpost_proxy::upstream::Upstream;
 
 use crate::supervisor::Supervisor;
-use crate::{HubConfig, SecureConfig};
+use bootstrap::TokenBootstrap;
 use serving_cert::{ServingCertConfig, ServingCertManager};
 
 /// Keeps the client certificate current: kubelet's, reloaded when kubelet rotates it; in token
 /// mode the hub's own, renewed before it expires.
+/// `interval`: how often kubelet's files are looked at; `token_bootstrap`: token mode.
 pub fn keep_client_certificate(
-    config: &HubConfig,
+    interval: Duration,
+    token_bootstrap: Option<&TokenBootstrap>,
     upstream: &Arc<Upstream>,
     metrics: &Metrics,
     tasks: &Supervisor,
@@ -34,39 +36,17 @@ pub fn keep_client_certificate(
     let watch = client_cert::watch_client_certificate(
         upstream.clone(),
         metrics.clone(),
-        config.health.interval,
+        interval,
         tasks.stopping(),
     );
     tasks.spawn("client certificate", watch);
-    if let Some(bootstrap) = &config.token_bootstrap {
+    if let Some(bootstrap) = token_bootstrap {
         let renew = bootstrap::renew_client_certificate(
             upstream.clone(),
             bootstrap.clone(),
             tasks.stopping(),
         );
         tasks.spawn("client certificate renewal", renew);
-    }
-}
-
-/// What the secure port's certificate names: the node, the secure and proxy addresses
-/// (unless unspecified) and `--node-ip`.
-pub fn serving_cert_config(
-    config: &HubConfig,
-    secure: &SecureConfig,
-    proxy_addr: SocketAddr,
-) -> ServingCertConfig {
-    ServingCertConfig {
-        node_name: config.node_name.clone(),
-        ips: [
-            Some(secure.addr.ip()),
-            Some(proxy_addr.ip()),
-            secure.node_ip,
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|ip| !ip.is_unspecified())
-        .collect(),
-        file: secure.cert_file.clone(),
     }
 }
 

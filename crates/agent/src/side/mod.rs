@@ -24,7 +24,6 @@ use outpost_proxy::upstream::Upstream;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::HubConfig;
 use crate::supervisor::Supervisor;
 use filters::{SideData, SideSync};
 use hubcfg::{ConfigWatch, HubCfg};
@@ -40,20 +39,30 @@ pub struct Side {
     pub side_data: SideSync,
 }
 
+/// What the side data is started with.
+pub struct Settings<'c> {
+    /// This node (`--node-name`).
+    pub node: &'c str,
+    /// Where `yurt-hub-cfg` lives (`--namespace`).
+    pub namespace: &'c str,
+    /// The filters, when filtering is on.
+    pub filters: Option<&'c filters::FilterSettings>,
+    /// Where the hub really listens for in-cluster clients (port 0 picks a free one, and the
+    /// rewritten Services must point there).
+    pub secure_addr: Option<SocketAddr>,
+}
+
 /// Starts `yurt-hub-cfg`'s watch and what follows it (the cache agents in edge mode, the
-/// filters' components), and the filters with their side data. `secure_addr`: where the hub
-/// really listens for in-cluster clients (port 0 picks a free one, and the rewritten Services
-/// must point there).
+/// filters' components), and the filters with their side data.
 pub fn start(
-    config: &HubConfig,
-    secure_addr: Option<SocketAddr>,
+    config: &Settings<'_>,
     upstream: &Arc<Upstream>,
     edge: Option<&Edge>,
     metrics: &Metrics,
     tasks: &Supervisor,
 ) -> Side {
     let store = edge.map(|e| e.store().clone());
-    let cfg_watch = ConfigWatch::new(&config.namespace, upstream.clone(), store.clone());
+    let cfg_watch = ConfigWatch::new(config.namespace, upstream.clone(), store.clone());
     if let Some(edge) = edge {
         let policy = edge.policy().clone();
         tasks.spawn(
@@ -61,13 +70,13 @@ pub fn start(
             apply_cache_agents(cfg_watch.subscribe(), policy),
         );
     }
-    let (filtering, side_data) = match &config.filters {
+    let (filtering, side_data) = match config.filters {
         Some(settings) => {
             let mut settings = settings.clone();
-            if let Some(addr) = secure_addr {
+            if let Some(addr) = config.secure_addr {
                 settings.hub_port = addr.port();
             }
-            let node = &config.node_name;
+            let node = config.node;
             let (filtering, sync) =
                 SideData::start(node, &settings, upstream, store.as_ref(), metrics, tasks);
             let apply = filters::apply_hub_cfg(cfg_watch.subscribe(), filtering.clone());

@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::ReplayError;
+use super::replay::ReplayError;
 use crate::body::ProxyBody;
 use crate::edge::offline::blocking;
 use crate::error::ProxyError;
@@ -212,7 +212,7 @@ impl Events {
         online: watch::Receiver<bool>,
         shutdown: watch::Receiver<bool>,
     ) {
-        crate::autonomy::on_each_return(online, shutdown, || self.replay(&upstream)).await
+        super::replay::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends queued writes in order until the queue is empty or the cloud fails again.

@@ -26,6 +26,7 @@ pub mod lease;
 pub mod node_status;
 pub mod pods;
 pub mod registration;
+pub mod replay;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -41,30 +42,6 @@ use crate::upstream::Upstream;
 pub use calls::KubeletCalls;
 use lease::LocalLease;
 use node_status::NodeStatus;
-
-/// Why something kept while offline could not be sent to the cloud now (it is tried again on
-/// the next return).
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    #[error(transparent)]
-    Call(#[from] crate::upstream::OwnCallError),
-    #[error("{what} answered {code}")]
-    Answered {
-        what: String,
-        code: http::StatusCode,
-    },
-    #[error(transparent)]
-    Json(#[from] serde_json::Error),
-}
-
-impl ReplayError {
-    pub(crate) fn answered(what: impl Into<String>, code: http::StatusCode) -> ReplayError {
-        ReplayError::Answered {
-            what: what.into(),
-            code,
-        }
-    }
-}
 
 /// A named background task for the node agent to run.
 pub type Task = (
@@ -197,28 +174,6 @@ async fn kept(store: &Arc<dyn Store>, prefix: &'static str, what: &str) -> Vec<(
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the {what} kept offline");
             Vec::new()
-        }
-    }
-}
-
-/// Runs `replay` now if the cloud answers, and again each time it comes back, until
-/// `shutdown`: how what the hub kept while offline (node and pod status, events) reaches the
-/// cloud.
-pub async fn on_each_return<F, Fut>(
-    mut online: watch::Receiver<bool>,
-    mut shutdown: watch::Receiver<bool>,
-    mut replay: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    loop {
-        if *online.borrow_and_update() {
-            replay().await;
-        }
-        tokio::select! {
-            changed = online.changed() => if changed.is_err() { return },
-            _ = shutdown.changed() => return,
         }
     }
 }

@@ -26,8 +26,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::KubeletCalls;
-use super::ReplayError;
 use super::condition;
+use super::replay::ReplayError;
 use crate::body::{BoxError, ProxyBody};
 use crate::edge::offline::{blocking, json_response};
 use crate::error::ProxyError;
@@ -123,7 +123,7 @@ impl NodeStatus {
         online: watch::Receiver<bool>,
         shutdown: watch::Receiver<bool>,
     ) {
-        super::on_each_return(online, shutdown, || self.replay_pending(&upstream)).await
+        super::replay::on_each_return(online, shutdown, || self.replay_pending(&upstream)).await
     }
 
     /// Sends the pending status, if kubelet is still there to stand behind it.

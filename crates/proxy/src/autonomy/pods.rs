@@ -30,7 +30,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::ReplayError;
+use super::replay::ReplayError;
 use crate::body::ProxyBody;
 use crate::edge::offline::blocking;
 use crate::edge::overlay::{LocalPod, Overlay};
@@ -183,7 +183,7 @@ impl PodStatuses {
         online: watch::Receiver<bool>,
         shutdown: watch::Receiver<bool>,
     ) {
-        crate::autonomy::on_each_return(online, shutdown, || self.replay(&upstream)).await
+        super::replay::on_each_return(online, shutdown, || self.replay(&upstream)).await
     }
 
     /// Sends every report; what could not be sent stays for the next return of the cloud.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use http::{Request, Response, Uri};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -26,109 +26,11 @@ use tokio::sync::watch;
 use crate::body::ProxyBody;
 use crate::connections::Counting;
 use crate::error::ProxyError;
+mod server;
 pub mod states;
 
+pub use server::{LbMode, Server, ServerAddrError};
 pub use states::ServerStates;
-
-/// How requests are spread over several `--server-addr` entries (`--lb-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LbMode {
-    /// Round-robin over the servers.
-    #[default]
-    RoundRobin,
-    /// Always the first server in flag order.
-    Priority,
-}
-
-/// Why a `--server-addr` entry is not an apiserver address.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerAddrError {
-    #[error("empty server address")]
-    Empty,
-    #[error("invalid server address {addr:?}: {source}")]
-    Invalid {
-        addr: String,
-        #[source]
-        source: http::Error,
-    },
-    #[error("server address {addr:?} must use https (got scheme {scheme:?})")]
-    NotHttps { addr: String, scheme: String },
-    #[error("server address {addr:?} has no host")]
-    NoHost { addr: String },
-    #[error("server address {addr:?} must not have a path")]
-    HasPath { addr: String },
-}
-
-/// One apiserver, as given in `--server-addr` (always https).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Server {
-    /// `https://host:port`, used for building upstream URIs.
-    pub base: Uri,
-}
-
-impl Server {
-    /// Parses one `--server-addr` entry: a missing scheme means https, any other scheme is refused.
-    pub fn parse(addr: &str) -> Result<Server, ServerAddrError> {
-        let addr = addr.trim().trim_end_matches('/');
-        if addr.is_empty() {
-            return Err(ServerAddrError::Empty);
-        }
-        let with_scheme = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("https://{addr}")
-        };
-        let invalid = |source: http::Error| ServerAddrError::Invalid {
-            addr: addr.to_owned(),
-            source,
-        };
-        let uri: Uri = with_scheme.parse::<Uri>().map_err(|e| invalid(e.into()))?;
-        if uri.scheme_str() != Some("https") {
-            return Err(ServerAddrError::NotHttps {
-                addr: addr.to_owned(),
-                scheme: uri.scheme_str().unwrap_or_default().to_owned(),
-            });
-        }
-        let authority = uri.authority().ok_or_else(|| ServerAddrError::NoHost {
-            addr: addr.to_owned(),
-        })?;
-        if uri.path() != "/" && !uri.path().is_empty() {
-            return Err(ServerAddrError::HasPath {
-                addr: addr.to_owned(),
-            });
-        }
-        let base = Uri::builder()
-            .scheme("https")
-            .authority(authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(invalid)?;
-        Ok(Server { base })
-    }
-
-    /// `https://host:port` without the trailing slash, for logs and metric labels.
-    pub fn label(&self) -> String {
-        format!(
-            "https://{}",
-            self.base
-                .authority()
-                .map(|a| a.as_str())
-                .unwrap_or_default()
-        )
-    }
-
-    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
-        let authority = self.base.authority().cloned().unwrap_or_else(|| {
-            // Server::parse guarantees an authority; this branch only keeps the function total.
-            http::uri::Authority::from_static("invalid")
-        });
-        Uri::builder()
-            .scheme("https")
-            .authority(authority)
-            .path_and_query(path_and_query)
-            .build()
-    }
-}
 
 /// Settings of the upstream side.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use super::Server;
+use super::server::Server;
 use crate::metrics::Metrics;
 
 struct ServerState {
