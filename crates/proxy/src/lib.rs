@@ -18,7 +18,7 @@
 //! - [`error`]: every failure and its one mapping to a Kubernetes `Status`.
 //! - [`headers`]: hop-by-hop hygiene, upgrade and bearer detection; [`callers`]: the plain and
 //!   secure entries, and the tokens the cache may answer offline.
-//! - [`body`], [`objects`]: response bodies, and request bodies read as objects.
+//! - [`body`]: response bodies (and `objects`: request bodies read as objects).
 //! - [`connections`]: counted upstream connections.
 //! - [`metrics`]: every metric the hub exports; [`work`]: how busy the request path is.
 

@@ -705,7 +705,7 @@ impl Exchange {
 }
 
 /// `body`, counting its bytes as it goes out and keeping the request in flight until it ends.
-/// Each data frame is work for [`crate::memory`]: a hub streaming a watch is busy long after
+/// Each data frame is work for [`crate::work`]: a hub streaming a watch is busy long after
 /// its request was counted, and must not be trimmed meanwhile.
 fn counted(
     body: ProxyBody,

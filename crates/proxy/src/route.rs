@@ -84,9 +84,7 @@ impl Route {
     /// The cloud is known to be unreachable, and the cache can and may take this request (a
     /// write's plan only keeps what the write leaves: it is never answered offline).
     pub fn cache_answers_locally(&self) -> bool {
-        self.cache
-            .as_ref()
-            .is_some_and(CachePlan::answers_offline)
+        self.cache.as_ref().is_some_and(CachePlan::answers_offline)
             && self.cloud_down
             && self.cache_may_answer
     }

@@ -2,7 +2,7 @@
 //! NodePools or NodeBuckets, this Node's pool label), each with a handler that keeps the
 //! request path's [`FilterContext`] up to date, and `yurt-hub-cfg`'s filter keys applied live.
 //!
-//! Start at [`start`]: it builds the request path's [`Filtering`] stage from the flags and
+//! Start at [`SideData::start`]: it builds the request path's [`Filtering`] stage from the flags and
 //! starts what feeds it.
 
 use std::collections::BTreeMap;

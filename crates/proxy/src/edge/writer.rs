@@ -796,8 +796,8 @@ fn apply_written(
     kinds: &mut HashMap<Gvr, KindInfo>,
 ) -> Applied {
     if key.name.is_empty() {
-        let head: ObjectHead<'_> = serde_json::from_slice(body)
-            .map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
+        let head =
+            ObjectHead::parse(body).map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
         key.name = head.metadata.name.into_owned();
     }
     let absent = offline::absence_document(&key);

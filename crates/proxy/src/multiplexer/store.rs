@@ -2,7 +2,7 @@
 //! a window of the latest changes (for watches that resume from a resourceVersion), and the live
 //! changes for open watches.
 //!
-//! [`Feed`] is what the resource's [`Reflector`](crate::reflector::Reflector) writes through;
+//! [`Feed`] is what the resource's feed ([`crate::feed`], the node agent's reflector) writes through;
 //! [`Shared::list`] and [`Shared::open_watch`] are what requests read. Every change is made and
 //! broadcast under one lock, so a watch opened at resourceVersion N gets exactly the changes
 //! after N, none twice.
