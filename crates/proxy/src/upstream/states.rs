@@ -181,7 +181,7 @@ impl ServerStates {
     /// or what the server fronts: a pooled connection a NAT forgot, a slow LIST, an aggregated
     /// API whose backend is down (kube-apiserver answers 503 for `metrics.k8s.io` without
     /// metrics-server while serving everything else). So the server is not marked unhealthy
-    /// here; the prober checks it at once (the prober (`outpost_agent::health::prober`)) and its probe decides.
+    /// here; the prober (`outpost_agent::health::prober`) checks it at once and its probe decides.
     pub fn suspect(&self, server: &Server, cause: &str) {
         let Some(s) = self.index_of(server).map(|i| &self.servers[i]) else {
             return;
