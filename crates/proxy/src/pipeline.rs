@@ -135,7 +135,11 @@ impl Pipeline {
             (None, Serve::Kubelet(which)) => {
                 self.kubelet(which, route, &info, req, &exchange).await
             }
-            (None, Serve::Cache) => self.cached(route, &info, req, &exchange).await,
+            // Serve::Cache comes only with a cache plan, and so in edge mode.
+            (None, Serve::Cache) => match (&self.edge, &route.cache) {
+                (Some(edge), Some(plan)) => edge.serve(plan.clone(), &info, req.headers()).await,
+                _ => self.remote(route, &info, req, &exchange).await,
+            },
             (None, Serve::Remote) => self.remote(route, &info, req, &exchange).await,
         };
         if let (Some(shared), Ok(resp)) = (&shared, &result) {
@@ -191,21 +195,6 @@ impl Pipeline {
                     .unwrap_or(result)
             }
             _ => result,
-        }
-    }
-
-    /// Stage 3b: the cloud is unreachable and the cache answers ([`Serve::Cache`] comes only
-    /// with a cache plan, and so in edge mode).
-    async fn cached(
-        &self,
-        route: Route,
-        info: &RequestInfo,
-        req: Request<body::RequestBody>,
-        exchange: &Exchange,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
-        match (&self.edge, &route.cache) {
-            (Some(edge), Some(plan)) => edge.serve(plan.clone(), info, req.headers()).await,
-            _ => self.remote(route, info, req, exchange).await,
         }
     }
 
