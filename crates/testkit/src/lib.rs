@@ -7,7 +7,10 @@
 //! a global resourceVersion, watch event log, paging and fault injection.
 //!
 //! Request path, outermost first:
-//! - [`server`]: listener, TLS, per-connection hyper tasks, fault switches, the public handle.
+//! - [`server`]: listener, TLS (ALPN `h2` and `http/1.1`), per-connection hyper tasks (HTTP/2 or
+//!   HTTP/1.1), fault switches, the public handle.
+//! - [`connections`]: per-connection accounting (identity, HTTP version, requests, bytes on the
+//!   wire), read with [`FakeApiServer::connections`] and [`FakeApiServer::traffic`].
 //! - `router`: classification (`RequestInfo`), authn/authz/admission, dispatch, request log.
 //! - `authn`: client certificate and bearer token authentication.
 //! - `authz`: Node authorizer + NodeRestriction, anonymous and admin policies, union with RBAC.
@@ -16,6 +19,7 @@
 //! - `handlers`: get / list (resourceVersion, paging) / create / update / patch / delete.
 //! - `table`: server-side printing (`Table` responses for `kubectl get`).
 //! - `watch`: watch streams (initial events, bookmarks, replay, 410, selector transitions).
+//! - `compress`: gzip answers over 128 KiB for clients that accept them ([`FakeConfig::gzip`]).
 //!
 //! State and rules:
 //! - [`resources`]: the served resources and their per-type behaviour.
@@ -39,6 +43,8 @@
 mod authn;
 mod authz;
 mod bootstrap;
+mod compress;
+pub mod connections;
 mod csr;
 mod csr_controller;
 mod discovery;
@@ -65,6 +71,8 @@ mod table;
 mod util;
 mod watch;
 
+pub use compress::GZIP_THRESHOLD_BYTES;
+pub use connections::{ConnectionRecord, HttpVersion, IdentityTraffic};
 pub use outpost_core::Status;
 pub use pki::{CertPair, NodeCertFiles, TestPki};
 pub use server::{CsrSigning, FakeApiServer, FakeConfig, TestkitError};

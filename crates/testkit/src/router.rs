@@ -3,6 +3,7 @@
 //! admission, dispatch to discovery or a resource handler, and the request log.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -13,6 +14,7 @@ use rustls::pki_types::CertificateDer;
 
 use crate::authn::UserInfo;
 use crate::authz::{self, Attributes, Decision};
+use crate::connections::ConnStats;
 use crate::discovery;
 use crate::graph::StoreGraph;
 use crate::handlers::{self, Target};
@@ -21,11 +23,13 @@ use crate::rbac::StorePolicy;
 use crate::reply::{self, ApiError, Body, error_response, json_response, text_response};
 use crate::resources::{self, ResourceDef};
 use crate::state::{RequestRecord, Shared};
-use crate::{protobuf, table, watch};
+use crate::{compress, protobuf, table, watch};
 
-/// What the TLS layer learned about the peer, shared by all requests of a connection.
+/// What the TLS layer learned about the peer, shared by all requests of a connection, and the
+/// connection's counters.
 pub struct ConnInfo {
     pub peer_certs: Option<Vec<CertificateDer<'static>>>,
+    pub stats: Arc<ConnStats>,
 }
 
 /// `RequestInfo`: how kube-apiserver classifies a request before authorizing it.
@@ -175,6 +179,8 @@ pub async fn serve(
     conn: Arc<ConnInfo>,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, HungUp> {
+    let arrived = Instant::now();
+    conn.stats.count_request();
     if shared.faults.hangs_up(req.uri().path()) {
         return Err(HungUp);
     }
@@ -216,13 +222,31 @@ pub async fn serve(
         }
         Err(status) => (UserInfo::anonymous(), error_response(&status.into())),
     };
+    conn.stats.claim_identity(&user.name);
     let accept = header_str(&parts, header::ACCEPT);
     let resp = if protobuf::wants_protobuf(&info, accept) {
         protobuf::encode_answer(resp).await
     } else {
         resp
     };
-    shared.record(record(&parts, &info, &user, resp.status().as_u16()));
+    let resp = if shared.config.gzip
+        && compress::accepts_gzip(header_str(&parts, header::ACCEPT_ENCODING))
+    {
+        compress::large_answer(resp).await
+    } else {
+        resp
+    };
+    let arrival = Arrival {
+        at: arrived,
+        connection: conn.stats.id(),
+    };
+    shared.record(record(
+        &parts,
+        &info,
+        &user,
+        resp.status().as_u16(),
+        arrival,
+    ));
     if let Some(late) = shared.faults.lateness(&info.path, &info.verb) {
         tokio::time::sleep(late).await;
     }
@@ -298,7 +322,19 @@ fn header_str(parts: &Parts, name: header::HeaderName) -> Option<&str> {
     parts.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn record(parts: &Parts, info: &Info, user: &UserInfo, status: u16) -> RequestRecord {
+/// When and on which connection a request came.
+struct Arrival {
+    at: Instant,
+    connection: u64,
+}
+
+fn record(
+    parts: &Parts,
+    info: &Info,
+    user: &UserInfo,
+    status: u16,
+    arrival: Arrival,
+) -> RequestRecord {
     RequestRecord {
         method: parts.method.as_str().to_owned(),
         path: info.path.clone(),
@@ -312,6 +348,8 @@ fn record(parts: &Parts, info: &Info, user: &UserInfo, status: u16) -> RequestRe
         subresource: info.subresource.clone(),
         namespace: info.namespace.clone(),
         name: info.name.clone(),
+        at: arrival.at,
+        connection: arrival.connection,
     }
 }
 

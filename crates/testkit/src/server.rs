@@ -7,6 +7,7 @@
 //! so dropping connections, shutdown and `Drop` abort all of them; watch streams are bodies of
 //! those connections and end with them.
 
+use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use outpost_core::{Reason, Status};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
@@ -27,6 +28,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
 use crate::authn::Authenticator;
+use crate::connections::{
+    ConnectionRecord, Counted, HttpVersion, IdentityTraffic, traffic_by_identity,
+};
 use crate::pki::TestPki;
 use crate::registry::{self, Origin, Part, typed};
 use crate::resources::{ResourceDef, by_gvr};
@@ -50,6 +54,16 @@ pub struct FakeConfig {
     pub seed: bool,
     /// Which CertificateSigningRequest controllers run in the cluster.
     pub csr_signing: CsrSigning,
+    /// Offer HTTP/2 (ALPN `h2`) next to HTTP/1.1, as kube-apiserver does; false offers only
+    /// `http/1.1` (a client that offers only `h2` then fails its handshake).
+    pub http2: bool,
+    /// The concurrent streams one HTTP/2 connection may carry (SETTINGS_MAX_CONCURRENT_STREAMS):
+    /// kube-apiserver's 100 when `--http2-max-streams-per-connection` is left at 0.
+    pub http2_max_streams: u32,
+    /// Compress answers over 128 KiB for requests that accept gzip, as kube-apiserver does by
+    /// default (see the `compress` module). Off by default here, so that tests see the bytes
+    /// they ask for unless they turn it on.
+    pub gzip: bool,
 }
 
 /// The controllers that act on CertificateSigningRequests (see the `csr_controller` module).
@@ -75,6 +89,9 @@ impl Default for FakeConfig {
             git_version: "v1.32.4".to_owned(),
             seed: true,
             csr_signing: CsrSigning::default(),
+            http2: true,
+            http2_max_streams: 100,
+            gzip: false,
         }
     }
 }
@@ -126,6 +143,7 @@ fn tls_acceptor(
     pki: &TestPki,
     authn: &Authenticator,
     mandatory: bool,
+    http2: bool,
 ) -> Result<TlsAcceptor, TestkitError> {
     let key = PrivateKeyDer::from_pem_slice(pki.server.key_pem.as_bytes())
         .map_err(|e| TestkitError::Other(format!("bad key PEM: {e}")))?;
@@ -134,7 +152,11 @@ fn tls_acceptor(
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(authn.tls_verifier(mandatory))
         .with_single_cert(pem_certs(&pki.server.cert_pem)?, key)?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -177,7 +199,7 @@ impl FakeApiServer {
     ) -> Result<FakeApiServer, TestkitError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let authn = authenticator(&pki)?;
-        let acceptor = tls_acceptor(&pki, &authn, config.require_client_cert)?;
+        let acceptor = tls_acceptor(&pki, &authn, config.require_client_cert, config.http2)?;
         let listener = bind("127.0.0.1:0".parse().expect("literal address"))?;
         let addr = listener.local_addr()?;
         let store = Store::new(config.event_window, 0);
@@ -531,6 +553,25 @@ impl FakeApiServer {
         lock(&self.shared.requests).clear();
     }
 
+    // ---- connection accounting -----------------------------------------------------------
+
+    /// Every connection accepted so far, open or closed, in accept order, with what it carried
+    /// (see [`ConnectionRecord`]). Sockets held by a blackhole count once they are served.
+    pub fn connections(&self) -> Vec<ConnectionRecord> {
+        self.shared.connections.snapshot()
+    }
+
+    /// [`FakeApiServer::connections`] summed per identity: connections accepted and open, by
+    /// HTTP version, requests, and bytes written and read.
+    pub fn traffic(&self) -> BTreeMap<String, IdentityTraffic> {
+        traffic_by_identity(&self.connections())
+    }
+
+    /// Forgets closed connections; open ones keep their counts so far.
+    pub fn clear_closed_connections(&self) {
+        self.shared.connections.clear_closed();
+    }
+
     /// Stops accepting, aborts every connection (and so every watch) and frees the port.
     pub async fn shutdown(self) {
         lock(&self.listener).take();
@@ -609,21 +650,50 @@ async fn accept_loop(
     }
 }
 
+/// One connection from accept to close: TLS, then HTTP/2 if ALPN chose `h2`, HTTP/1.1
+/// otherwise; counted in the connection log all along.
 async fn serve_connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpStream) {
     let _ = tcp.set_nodelay(true);
-    let Ok(tls) = acceptor.accept(tcp).await else {
+    let open = shared.connections.open();
+    let stats = open.stats().clone();
+    let Ok(tls) = acceptor.accept(Counted::new(tcp, stats.clone())).await else {
         return;
     };
-    let peer_certs = tls
-        .get_ref()
-        .1
+    let session = tls.get_ref().1;
+    let peer_certs: Option<Vec<CertificateDer<'static>>> = session
         .peer_certificates()
         .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect());
-    let conn = Arc::new(ConnInfo { peer_certs });
+    if let Some(user) = peer_certs
+        .as_ref()
+        .and_then(|certs| certs.first())
+        .and_then(crate::authn::identity_of)
+    {
+        stats.claim_identity(&user.name);
+    }
+    let version = match session.alpn_protocol() {
+        Some(b"h2") => HttpVersion::Http2,
+        _ => HttpVersion::Http1,
+    };
+    stats.set_version(version);
+    let max_streams = shared.config.http2_max_streams;
+    let conn = Arc::new(ConnInfo { peer_certs, stats });
     let service = service_fn(move |req| router::serve(shared.clone(), conn.clone(), req));
-    let _ = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(tls), service)
-        .with_upgrades()
-        .await;
+    let io = TokioIo::new(tls);
+    let _ = match version {
+        HttpVersion::Http2 => {
+            http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(max_streams)
+                .serve_connection(io, service)
+                .await
+        }
+        HttpVersion::Http1 => {
+            http1::Builder::new()
+                .timer(TokioTimer::new())
+                .serve_connection(io, service)
+                .with_upgrades()
+                .await
+        }
+    };
+    drop(open);
 }

@@ -3,11 +3,12 @@
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use crate::authn::Authenticator;
+use crate::connections::ConnectionLog;
 use crate::server::FakeConfig;
 use crate::store::Store;
 
@@ -29,6 +30,10 @@ pub struct RequestRecord {
     pub subresource: String,
     pub namespace: String,
     pub name: String,
+    /// When the request arrived (before any injected delay).
+    pub at: Instant,
+    /// The connection it came on ([`crate::ConnectionRecord::id`]).
+    pub connection: u64,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -205,6 +210,7 @@ pub(crate) struct Shared {
     pub authn: Authenticator,
     pub faults: Faults,
     pub requests: Mutex<Vec<RequestRecord>>,
+    pub connections: ConnectionLog,
     /// Bumped by `cut_watches`; every open watch aborts its stream when it changes.
     pub cut: watch::Sender<u64>,
     pub addr: SocketAddr,
@@ -218,6 +224,7 @@ impl Shared {
             authn,
             faults: Faults::new(),
             requests: Mutex::new(Vec::new()),
+            connections: ConnectionLog::default(),
             cut: watch::channel(0).0,
             addr,
         }

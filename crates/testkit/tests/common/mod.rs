@@ -77,6 +77,24 @@ pub struct Raw {
     pub bearer: Option<String>,
     /// The `Accept` header, if any.
     pub accept: Option<String>,
+    /// The `Accept-Encoding` header, if any.
+    pub accept_encoding: Option<String>,
+}
+
+/// A client TLS config trusting the fake's CA, with a fresh client certificate for `user` (or
+/// none), offering `alpn` (e.g. `h2`, `http/1.1`; none when empty).
+pub fn client_tls(
+    fake: &FakeApiServer,
+    user: Option<(&str, &[&str])>,
+    alpn: &[&[u8]],
+) -> rustls::ClientConfig {
+    let identity = user.map(|(user, groups)| {
+        let pair = fake.pki().client(user, groups).unwrap();
+        (pair.cert_pem, pair.key_pem)
+    });
+    let mut config = tls_config(fake.pki(), identity);
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
 }
 
 fn tls_config(pki: &TestPki, identity: Option<(String, String)>) -> rustls::ClientConfig {
@@ -143,6 +161,7 @@ impl Raw {
             addr: fake.addr(),
             bearer: None,
             accept: None,
+            accept_encoding: None,
         }
     }
 
@@ -179,6 +198,9 @@ impl Raw {
         }
         if let Some(accept) = &self.accept {
             req = req.header("accept", accept);
+        }
+        if let Some(encoding) = &self.accept_encoding {
+            req = req.header("accept-encoding", encoding);
         }
         let req = req.body(Full::new(Bytes::from(body))).unwrap();
         sender.send_request(req).await.expect("response head")
