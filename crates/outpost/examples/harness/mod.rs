@@ -1,5 +1,5 @@
-//! What the measurement harnesses (`coldboot`, `soak`) share: the `outpost` binary as a child
-//! process whose log is kept, and the flags the e2e tests run it with (`tests/support`).
+//! What the measurement harnesses (`coldboot`, `soak`, `fleet`) share: the `outpost` binary as a
+//! child process whose log is kept, and the flags the e2e tests run it with (`tests/support`).
 
 // Each harness is its own crate and uses part of this.
 #![allow(dead_code)]
@@ -82,7 +82,12 @@ impl Drop for HubChild {
 
 /// The bundled fake apiserver with the hub's RBAC installed, as a cluster has it.
 pub async fn cluster() -> Result<FakeApiServer> {
-    let fake = FakeApiServer::start(FakeConfig::default())
+    cluster_with(FakeConfig::default()).await
+}
+
+/// [`cluster`] with its fake configured by `config`.
+pub async fn cluster_with(config: FakeConfig) -> Result<FakeApiServer> {
+    let fake = FakeApiServer::start(config)
         .await
         .context("fake apiserver starts")?;
     let rbac = concat!(
@@ -98,9 +103,14 @@ pub async fn cluster() -> Result<FakeApiServer> {
 /// interface, a secure port picked by the OS), the hub's directories under `dir`. Ports, mode
 /// and the rest are the caller's.
 pub fn hub_flags(server: &str, files: &NodeCertFiles, dir: &Path) -> Vec<String> {
+    hub_flags_for(server, NODE, files, dir)
+}
+
+/// [`hub_flags`] for the node `node`.
+pub fn hub_flags_for(server: &str, node: &str, files: &NodeCertFiles, dir: &Path) -> Vec<String> {
     vec![
         format!("--server-addr={server}"),
-        format!("--node-name={NODE}"),
+        format!("--node-name={node}"),
         "--nodepool-name=pool-a".into(),
         "--bootstrap-mode=kubeletcertificate".into(),
         format!(
