@@ -14,7 +14,9 @@
 //!    its `--pods-per-node` pods, the 10 ConfigMaps and 10 Secrets they mount, and `--services`
 //!    Services with their EndpointSlices; reads kube-proxy's Service + EndpointSlice LISTs once
 //!    straight from it, plain and gzip-accepting, to price them on the wire.
-//! 2. Starts `--hubs` release `outpost` binaries, `--start-batch` at a time, each with its own
+//! 2. Starts `--hubs` release `outpost` binaries, `--start-batch` at a time (fewer if the next
+//!    batch would leave less than `--min-free-memory` GiB of memory or `--min-free-disk` GiB
+//!    under `--dir`, where the hubs' directories go: the run then says so), each with its own
 //!    node name and client certificate, root and cache directories and loopback address
 //!    (127.77.x.y, ports picked by the OS), edge mode with the hub's defaults, plus
 //!    `--hub-arg`s; and for each, as soon as it is ready, its node's workload
@@ -23,7 +25,8 @@
 //!    label, an EndpointSlice's label, a ConfigMap's data, on a random node).
 //! 4. Phases, each reported per hub (median, max) and for the fleet: start-up (until every
 //!    reflector has listed), `--settle` seconds, the steady state (`--steady` seconds), the
-//!    outage (`--outage` seconds of refused connections), and the reconnect: from the return
+//!    outage (`--outage` seconds of refused connections; half-way through, one pod of every
+//!    node is relabelled, so that every hub has something to catch up), and the reconnect: from the return
 //!    until every hub's cache and kube-proxy's view equal the apiserver (bounded by
 //!    `--converge-within`), and at least `--reconnect-window` seconds.
 //! 5. Prints a table per phase (or with `--json`, one JSON document; `--json=PATH` writes it
@@ -127,8 +130,8 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
 
     let dir = tempfile::Builder::new()
         .prefix("outpost-fleet-")
-        .tempdir()
-        .context("the fleet's directory")?;
+        .tempdir_in(&args.dir)
+        .with_context(|| format!("the fleet's directory in {}", args.dir.display()))?;
     let url = fake.url();
     let common = hub::Common {
         bin: &args.bin,
@@ -136,7 +139,7 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
         pki: fake.pki(),
         extra: &args.hub_args,
     };
-    let nodes: Vec<String> = (0..args.hubs).map(cluster::node_name).collect();
+    let mut nodes: Vec<String> = (0..args.hubs).map(cluster::node_name).collect();
     let churned = Arc::new(AtomicU64::new(0));
     let churn = tokio::spawn(churn(
         fake.clone(),
@@ -149,7 +152,13 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
     // ---- start-up ----------------------------------------------------------------------------
     let start = sample::take(&fake, &[]);
     let mut fleet: Vec<Member> = Vec::new();
+    let mut held_back = None;
     for batch in (0..args.hubs).collect::<Vec<_>>().chunks(args.start_batch) {
+        if let Some(short) = short_of_room(args, dir.path(), batch.len()) {
+            progress!(t0, "not starting more hubs: {short}");
+            held_back = Some(short);
+            break;
+        }
         let mut spawned = Vec::new();
         for &i in batch {
             let node = &nodes[i];
@@ -168,6 +177,8 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
         wait_synced(&fleet[first..]).await?;
         progress!(t0, "{} hubs up, their clients synced", fleet.len());
     }
+    // The nodes without a hub keep their objects; only the hubs' are measured and changed.
+    nodes.truncate(fleet.len());
     let synced = snapshot(&fake, &fleet);
     let startup_until = Instant::now();
     progress!(t0, "settling for {:?}", args.settle);
@@ -182,7 +193,10 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
     // ---- outage ------------------------------------------------------------------------------
     let down = Instant::now();
     fake.refuse_connections();
-    tokio::time::sleep(args.outage).await;
+    tokio::time::sleep(args.outage / 2).await;
+    // Every node's pods change while its hub is cut off, so that every cache has to catch up.
+    let offline_changes = relabel_one_pod_per_node(&fake, &nodes, args.pods_per_node);
+    tokio::time::sleep((down + args.outage).saturating_duration_since(Instant::now())).await;
     let outage_to = snapshot(&fake, &fleet);
     let restore = fake.clone();
     fake_rt
@@ -250,10 +264,13 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
     let warnings = hub_warnings(&fleet);
     let summary = json!({
         "config": args.json(),
+        "hubs_started": fleet.len(),
+        "hubs_held_back_because": held_back,
         "machine": machine(),
         "load_average_before": loadavg.trim(),
         "objects": created,
         "churn_updates": churned.load(Ordering::Relaxed),
+        "pods_changed_during_the_outage": offline_changes,
         "startup_seconds": (startup_until - t0).as_secs_f64(),
         "kube_proxy_list_cost": list_cost.json(),
         "phases": phases.iter().map(Phase::json).collect::<Vec<_>>(),
@@ -279,6 +296,52 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
     drop(fleet);
     Ok(all_converged)
 }
+
+/// Why `more` hubs would not fit: memory (`--min-free-memory`) or the directory's disk
+/// (`--min-free-disk`), with one hub's share of each measured on the first one.
+fn short_of_room(args: &Args, dir: &std::path::Path, more: usize) -> Option<String> {
+    let available = |key: &str| -> Option<u64> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    };
+    let memory = available("MemAvailable:").unwrap_or(u64::MAX);
+    let disk = rustix::fs::statvfs(dir)
+        .map(|s| s.f_bavail * s.f_frsize)
+        .unwrap_or(u64::MAX);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let need_memory = args.min_free_memory + more as u64 * PER_HUB_MEMORY;
+    let need_disk = args.min_free_disk + more as u64 * PER_HUB_DISK;
+    if memory < need_memory {
+        return Some(format!(
+            "{:.1} GiB of memory available, {more} more hubs need {:.1} GiB over the {:.1} GiB kept free",
+            gib(memory),
+            gib(more as u64 * PER_HUB_MEMORY),
+            gib(args.min_free_memory)
+        ));
+    }
+    if disk < need_disk {
+        return Some(format!(
+            "{:.1} GiB free under {}, {more} more hubs need {:.1} GiB over the {:.1} GiB kept free",
+            gib(disk),
+            dir.display(),
+            gib(more as u64 * PER_HUB_DISK),
+            gib(args.min_free_disk)
+        ));
+    }
+    None
+}
+
+/// What one hub takes once its node's clients have synced, with the default workload (RSS
+/// about 65 MiB, its sled cache about 23 MiB), rounded up.
+const PER_HUB_MEMORY: u64 = 80 << 20;
+const PER_HUB_DISK: u64 = 32 << 20;
 
 fn snapshot(fake: &FakeApiServer, fleet: &[Member]) -> Snapshot {
     let probes: Vec<HubProbe<'_>> = fleet
@@ -320,6 +383,22 @@ async fn wait_synced(members: &[Member]) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// Relabels one pod of every node; returns how many were changed.
+fn relabel_one_pod_per_node(fake: &FakeApiServer, nodes: &[String], pods_per_node: usize) -> usize {
+    if pods_per_node == 0 {
+        return 0;
+    }
+    nodes
+        .iter()
+        .filter_map(|node| fake.get("v1/pods", Some(NAMESPACE), &cluster::pod_name(node, 0)))
+        .filter(|pod| {
+            let mut pod = pod.clone();
+            pod["metadata"]["labels"]["changed-offline"] = "true".into();
+            fake.update("v1/pods", pod).is_ok()
+        })
+        .count()
 }
 
 /// The cloud changing: every `1/rate` s, in turn, a random node's pod gets a new label, an
@@ -497,10 +576,11 @@ fn phase(
         json!(b.loadavg),
     );
     let unattributed = b.unattributed_connections - a.unattributed_connections;
+    let without_handshake = b.unattributed_without_handshake - a.unattributed_without_handshake;
     p.note(
         "connections no hub is known for",
-        unattributed.to_string(),
-        json!(unattributed),
+        format!("{unattributed} ({without_handshake} without a finished TLS handshake)"),
+        json!({"connections": unattributed, "without_handshake": without_handshake}),
     );
     p
 }
@@ -701,7 +781,8 @@ fn print_tables(
     warnings: &[(String, usize, usize)],
 ) {
     println!(
-        "fleet: {} hubs ({}), {} pods per node, {} Services + EndpointSlices, churn {}/s, outage {:?}; apiserver {} {}",
+        "fleet: {} of {} hubs ({}), {} pods per node, {} Services + EndpointSlices, churn {}/s, outage {:?}; apiserver {} {}",
+        summary["hubs_started"],
         args.hubs,
         args.bin.display(),
         args.pods_per_node,
@@ -723,6 +804,9 @@ fn print_tables(
         "machine: {}; load before: {}; start-up took {:.0} s",
         summary["machine"], summary["load_average_before"], summary["startup_seconds"]
     );
+    if let Some(why) = summary["hubs_held_back_because"].as_str() {
+        println!("not all hubs started: {why}");
+    }
     let sum = |ls: &[fleetkit::probe::Listed; 2]| ls.iter().map(|l| l.wire_bytes).sum::<u64>();
     let (plain, gzip) = (sum(&list_cost.plain), sum(&list_cost.gzip));
     println!(
@@ -794,13 +878,16 @@ struct Args {
     json_to_stdout: bool,
     json_path: Option<PathBuf>,
     dump_requests: Option<PathBuf>,
+    dir: PathBuf,
+    min_free_memory: u64,
+    min_free_disk: u64,
 }
 
 const USAGE: &str = "usage: fleet [--hubs=200] [--outage=60] [--pods-per-node=10] [--churn=2] \
     [--services=1000] [--settle=20] [--steady=30] [--converge-within=180] \
     [--reconnect-window=60] [--start-batch=10] [--http1-only-apiserver] \
     [--apiserver-gzip=true] [--hub-arg=FLAG]... [--bin=PATH] [--json[=PATH]] \
-    [--dump-requests=PATH]";
+    [--dump-requests=PATH] [--dir=PATH] [--min-free-memory=3] [--min-free-disk=10]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -822,6 +909,13 @@ impl Args {
             json_to_stdout: false,
             json_path: None,
             dump_requests: None,
+            dir: std::env::temp_dir(),
+            min_free_memory: 3 << 30,
+            min_free_disk: 10 << 30,
+        };
+        let gib = |v: &str, flag: &str| -> Result<u64> {
+            let gib: f64 = v.parse().with_context(|| format!("{flag}=GIB"))?;
+            Ok((gib * (1u64 << 30) as f64) as u64)
         };
         let secs = |v: &str, flag: &str| -> Result<Duration> {
             Ok(Duration::from_secs(
@@ -851,6 +945,9 @@ impl Args {
                 "--json" if value.is_empty() => args.json_to_stdout = true,
                 "--json" => args.json_path = Some(PathBuf::from(value)),
                 "--dump-requests" => args.dump_requests = Some(PathBuf::from(value)),
+                "--dir" => args.dir = PathBuf::from(value),
+                "--min-free-memory" => args.min_free_memory = gib(value, key)?,
+                "--min-free-disk" => args.min_free_disk = gib(value, key)?,
                 _ => bail!("unknown argument {arg:?}\n{USAGE}"),
             }
         }
@@ -875,7 +972,8 @@ impl Args {
             "steady_seconds": self.steady.as_secs(), "converge_within_seconds": self.converge_within.as_secs(),
             "reconnect_window_seconds": self.reconnect_window.as_secs(), "start_batch": self.start_batch,
             "http1_only_apiserver": self.http1_only_apiserver, "apiserver_gzip": self.apiserver_gzip,
-            "hub_args": self.hub_args, "bin": self.bin,
+            "hub_args": self.hub_args, "bin": self.bin, "dir": self.dir,
+            "min_free_memory_bytes": self.min_free_memory, "min_free_disk_bytes": self.min_free_disk,
         })
     }
 }

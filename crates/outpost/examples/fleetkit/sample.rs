@@ -38,8 +38,11 @@ pub struct HubCounters {
 pub struct Snapshot {
     pub at: Instant,
     pub hubs: Vec<HubCounters>,
-    /// Connections no hub is known for (a failed handshake, a probe).
+    /// Connections no hub is known for (a probe; a connection without a client certificate
+    /// that carried no request; a failed handshake), and of them those whose TLS handshake
+    /// never completed.
     pub unattributed_connections: u64,
+    pub unattributed_without_handshake: u64,
     /// CPU seconds of this process's threads by runtime: `fake` (the apiserver), `clients`
     /// (every node's workload), `other` (live threads only), and `total` (the whole process).
     pub own_cpu: HashMap<String, f64>,
@@ -58,11 +61,14 @@ pub struct HubProbe<'a> {
 pub fn take(fake: &FakeApiServer, hubs: &[HubProbe<'_>]) -> Snapshot {
     let index: HashMap<&str, usize> = hubs.iter().enumerate().map(|(i, h)| (h.node, i)).collect();
     let mut counters = vec![HubCounters::default(); hubs.len()];
-    let mut unattributed = 0;
+    let (mut unattributed, mut without_handshake) = (0, 0);
     for conn in fake.connections() {
         match node_of_user(&conn.identity).and_then(|node| index.get(node)) {
             Some(&i) => add(&mut counters[i], &conn),
-            None => unattributed += 1,
+            None => {
+                unattributed += 1;
+                without_handshake += u64::from(conn.version.is_none());
+            }
         }
     }
     for (c, hub) in counters.iter_mut().zip(hubs) {
@@ -83,6 +89,7 @@ pub fn take(fake: &FakeApiServer, hubs: &[HubProbe<'_>]) -> Snapshot {
         at: Instant::now(),
         hubs: counters,
         unattributed_connections: unattributed,
+        unattributed_without_handshake: without_handshake,
         own_cpu: {
             let mut own = own_cpu_by_runtime();
             own.insert(
