@@ -43,6 +43,18 @@ fn get(path: &str) -> Request<Empty<Bytes>> {
         .unwrap()
 }
 
+/// The first event of a watch (bounded wait).
+async fn first_event(watch: http::Response<hyper::body::Incoming>) -> Value {
+    let mut body = watch.into_body();
+    let events = timeout(
+        Duration::from_secs(5),
+        read_events(&mut body, &mut Vec::new(), 1),
+    )
+    .await
+    .expect("an event within 5 s");
+    events.into_iter().next().expect("the watch ended early")
+}
+
 /// Waits (bounded) until `done` holds for the fake's connection records.
 async fn until_connections(fake: &FakeApiServer, done: impl Fn(&FakeApiServer) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -94,14 +106,8 @@ async fn an_h2_client_gets_http2_and_multiplexes_one_connection() {
     assert!(!list["items"].as_array().unwrap().is_empty());
     fake.create("v1/configmaps", json!({"metadata": {"name": "over-h2"}}))
         .unwrap();
-    let mut body = watch.into_body();
-    let events = timeout(
-        Duration::from_secs(5),
-        read_events(&mut body, &mut Vec::new(), 1),
-    )
-    .await
-    .unwrap();
-    assert_eq!(events[0]["object"]["metadata"]["name"], "over-h2");
+    let event = first_event(watch).await;
+    assert_eq!(event["object"]["metadata"]["name"], "over-h2");
 
     let connections = fake.connections();
     assert_eq!(connections.len(), 1, "{connections:#?}");
@@ -280,14 +286,7 @@ async fn large_answers_are_gzipped_only_for_clients_that_accept_gzip() {
         .open(Method::GET, &format!("{LIST}?watch=true"), None, Vec::new())
         .await;
     assert!(watch.headers().get(header::CONTENT_ENCODING).is_none());
-    let mut body = watch.into_body();
-    let events = timeout(
-        Duration::from_secs(5),
-        read_events(&mut body, &mut Vec::new(), 1),
-    )
-    .await
-    .unwrap();
-    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(first_event(watch).await["type"], "ADDED");
 
     // The wire shows it: the gzip list's connection wrote a fraction of the plain one's bytes.
     let connections = fake.connections();

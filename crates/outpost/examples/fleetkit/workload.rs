@@ -279,6 +279,22 @@ struct Ctx {
     rng: Rng,
 }
 
+impl Ctx {
+    /// One whole request to the hub, counted, with who answered it noted.
+    async fn call(
+        &self,
+        caller: Caller<'_>,
+        method: Method,
+        path: &str,
+        body: Option<(&str, Bytes)>,
+    ) -> Result<client::Reply> {
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let reply = client::call(self.proxy, caller, method, path, body).await?;
+        self.stats.served(&reply.headers);
+        Ok(reply)
+    }
+}
+
 /// xorshift64*: jitter only.
 pub struct Rng(u64);
 
@@ -385,17 +401,10 @@ async fn list(ctx: &Ctx, informer: &Informer, from: &ListFrom) -> Result<String>
     let mut path = first;
     let mut items = View::new();
     loop {
-        ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
         ctx.stats.lists.fetch_add(1, Ordering::Relaxed);
-        let reply = client::call(
-            ctx.proxy,
-            informer.component.caller(),
-            Method::GET,
-            &path,
-            None,
-        )
-        .await?;
-        ctx.stats.served(&reply.headers);
+        let reply = ctx
+            .call(informer.component.caller(), Method::GET, &path, None)
+            .await?;
         if reply.status != StatusCode::OK {
             bail!("{} {}", reply.status, String::from_utf8_lossy(&reply.body));
         }
@@ -636,32 +645,24 @@ async fn lease_loop(mut ctx: Ctx, node: String) {
 
 /// GETs the lease, creating it if missing.
 async fn ensure_lease(ctx: &Ctx, caller: Caller<'_>, path: &str, node: &str) -> Result<Value> {
-    ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
-    let got = client::call(
-        ctx.proxy,
-        caller,
-        Method::GET,
-        &format!("{path}?timeout=10s"),
-        None,
-    )
-    .await?;
-    ctx.stats.served(&got.headers);
+    let got = ctx
+        .call(caller, Method::GET, &format!("{path}?timeout=10s"), None)
+        .await?;
     match got.status.as_u16() {
         200 => got.object(),
         404 => {
             let lease = serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": node, "namespace": "kube-node-lease"},
                 "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now_micro()}});
-            ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
             let collection = path.rsplit_once('/').map_or(path, |(c, _)| c);
-            let created = client::call(
-                ctx.proxy,
-                caller,
-                Method::POST,
-                &format!("{collection}?timeout=10s"),
-                Some(("application/json", Bytes::from(lease.to_string()))),
-            )
-            .await?;
+            let created = ctx
+                .call(
+                    caller,
+                    Method::POST,
+                    &format!("{collection}?timeout=10s"),
+                    Some(("application/json", Bytes::from(lease.to_string()))),
+                )
+                .await?;
             if created.status != StatusCode::CREATED {
                 bail!("create: {}", created.status);
             }
@@ -679,16 +680,14 @@ async fn renew(
     mut base: Value,
 ) -> Result<Option<Value>> {
     base["spec"]["renewTime"] = now_micro().into();
-    ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
-    let put = client::call(
-        ctx.proxy,
-        caller,
-        Method::PUT,
-        &format!("{path}?timeout=10s"),
-        Some(("application/json", Bytes::from(base.to_string()))),
-    )
-    .await?;
-    ctx.stats.served(&put.headers);
+    let put = ctx
+        .call(
+            caller,
+            Method::PUT,
+            &format!("{path}?timeout=10s"),
+            Some(("application/json", Bytes::from(base.to_string()))),
+        )
+        .await?;
     match put.status.as_u16() {
         200 => put.object().map(Some),
         409 => Ok(None),
