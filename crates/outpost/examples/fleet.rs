@@ -32,7 +32,8 @@
 //! 5. Prints a table per phase (or with `--json`, one JSON document; `--json=PATH` writes it
 //!    next to the tables), the requests lost (client requests without a usable answer outside
 //!    the outage) and the hubs' most frequent warnings; `--dump-requests=PATH` writes the
-//!    apiserver's whole request log. Exits 1 if a hub did not converge.
+//!    apiserver's whole request log, `--keep-logs=DIR` every hub's log. Exits 1 if a hub did
+//!    not converge.
 //!
 //! Upstream figures come from the fake's per-connection accounting: a hub's connections are
 //! those whose client certificate names its node, or (kube-proxy's and coredns's bearer-token
@@ -283,6 +284,14 @@ async fn run(args: &Args, fake_rt: tokio::runtime::Handle) -> Result<bool> {
     } else {
         print_tables(args, &summary, &phases, &list_cost, &lost, &warnings);
     }
+    if let Some(logs) = &args.keep_logs {
+        std::fs::create_dir_all(logs)?;
+        for member in &fleet {
+            let path = logs.join(format!("{}.log", member.hub.node));
+            std::fs::write(&path, member.hub.process.log_text())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
     if let Some(path) = &args.dump_requests {
         dump_requests(path, &records, t0).with_context(|| format!("writing {}", path.display()))?;
     }
@@ -344,12 +353,15 @@ const PER_HUB_MEMORY: u64 = 80 << 20;
 const PER_HUB_DISK: u64 = 32 << 20;
 
 fn snapshot(fake: &FakeApiServer, fleet: &[Member]) -> Snapshot {
+    let logs: Vec<_> = fleet.iter().map(|m| m.hub.process.log()).collect();
     let probes: Vec<HubProbe<'_>> = fleet
         .iter()
-        .map(|m| HubProbe {
+        .zip(&logs)
+        .map(|(m, log)| HubProbe {
             node: &m.hub.node,
             pid: m.hub.process.child.id(),
             stats: Some(&m.clients.stats),
+            log: Some(log),
         })
         .collect();
     sample::take(fake, &probes)
@@ -526,6 +538,16 @@ fn phase(
         )
         .unsummed(),
         Row::new(
+            "apiserver marked unhealthy (hub log)",
+            Unit::Count,
+            delta(span, |h| h.went_unhealthy as f64),
+        ),
+        Row::new(
+            "apiserver marked healthy (hub log)",
+            Unit::Count,
+            delta(span, |h| h.went_healthy as f64),
+        ),
+        Row::new(
             "client requests to the hub",
             Unit::Count,
             delta(span, |h| h.client_requests as f64),
@@ -575,8 +597,11 @@ fn phase(
         b.loadavg.clone(),
         json!(b.loadavg),
     );
-    let unattributed = b.unattributed_connections - a.unattributed_connections;
-    let without_handshake = b.unattributed_without_handshake - a.unattributed_without_handshake;
+    // A connection without a certificate is attributed at its first request, so these totals
+    // can also shrink.
+    let unattributed = b.unattributed_connections as i64 - a.unattributed_connections as i64;
+    let without_handshake =
+        b.unattributed_without_handshake as i64 - a.unattributed_without_handshake as i64;
     p.note(
         "connections no hub is known for",
         format!("{unattributed} ({without_handshake} without a finished TLS handshake)"),
@@ -734,7 +759,8 @@ fn lost_requests(failures: &[Vec<Failure>], down: Instant, up: Instant) -> Lost 
     lost
 }
 
-/// The hubs' WARN and ERROR lines by message: (message, lines, hubs), most frequent first.
+/// The hubs' WARN and ERROR lines by message and cause: (message, lines, hubs), most frequent
+/// first.
 fn hub_warnings(fleet: &[Member]) -> Vec<(String, usize, usize)> {
     let mut by_message: BTreeMap<String, (usize, std::collections::BTreeSet<usize>)> =
         BTreeMap::new();
@@ -749,7 +775,13 @@ fn hub_warnings(fleet: &[Member]) -> Vec<(String, usize, usize)> {
                 .take_while(|w| !w.contains('='))
                 .copied()
                 .collect();
-            let entry = by_message.entry(message.join(" ")).or_default();
+            let mut message = message.join(" ");
+            // The cause says why (refused, timed out…); other fields name the hub's own things.
+            if let Some(cause) = line.split_once(" cause=").map(|(_, c)| c) {
+                let cause: String = cause.chars().take(90).collect();
+                message = format!("{message} (cause={cause})");
+            }
+            let entry = by_message.entry(message).or_default();
             entry.0 += 1;
             entry.1.insert(i);
         }
@@ -759,7 +791,7 @@ fn hub_warnings(fleet: &[Member]) -> Vec<(String, usize, usize)> {
         .map(|(m, (n, hubs))| (m, n, hubs.len()))
         .collect();
     all.sort_by_key(|(_, lines, _)| std::cmp::Reverse(*lines));
-    all.truncate(15);
+    all.truncate(20);
     all
 }
 
@@ -878,6 +910,7 @@ struct Args {
     json_to_stdout: bool,
     json_path: Option<PathBuf>,
     dump_requests: Option<PathBuf>,
+    keep_logs: Option<PathBuf>,
     dir: PathBuf,
     min_free_memory: u64,
     min_free_disk: u64,
@@ -887,7 +920,8 @@ const USAGE: &str = "usage: fleet [--hubs=200] [--outage=60] [--pods-per-node=10
     [--services=1000] [--settle=20] [--steady=30] [--converge-within=180] \
     [--reconnect-window=60] [--start-batch=10] [--http1-only-apiserver] \
     [--apiserver-gzip=true] [--hub-arg=FLAG]... [--bin=PATH] [--json[=PATH]] \
-    [--dump-requests=PATH] [--dir=PATH] [--min-free-memory=3] [--min-free-disk=10]";
+    [--dump-requests=PATH] [--keep-logs=DIR] [--dir=PATH] [--min-free-memory=3] \
+    [--min-free-disk=10]";
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -909,6 +943,7 @@ impl Args {
             json_to_stdout: false,
             json_path: None,
             dump_requests: None,
+            keep_logs: None,
             dir: std::env::temp_dir(),
             min_free_memory: 3 << 30,
             min_free_disk: 10 << 30,
@@ -946,6 +981,7 @@ impl Args {
                 "--json" => args.json_path = Some(PathBuf::from(value)),
                 "--dump-requests" => args.dump_requests = Some(PathBuf::from(value)),
                 "--dir" => args.dir = PathBuf::from(value),
+                "--keep-logs" => args.keep_logs = Some(PathBuf::from(value)),
                 "--min-free-memory" => args.min_free_memory = gib(value, key)?,
                 "--min-free-disk" => args.min_free_disk = gib(value, key)?,
                 _ => bail!("unknown argument {arg:?}\n{USAGE}"),

@@ -3,6 +3,7 @@
 //! fleet's share from whatever else runs).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -31,6 +32,9 @@ pub struct HubCounters {
     pub client_failures: u64,
     /// Answers the hub gave from its own caches (`x-outpost-served-from`).
     pub client_served_by_hub: u64,
+    /// How often the hub logged an apiserver as unhealthy, and as healthy.
+    pub went_unhealthy: u64,
+    pub went_healthy: u64,
 }
 
 /// Everything at one moment.
@@ -56,6 +60,8 @@ pub struct HubProbe<'a> {
     pub node: &'a str,
     pub pid: u32,
     pub stats: Option<&'a ClientStats>,
+    /// The hub's log so far.
+    pub log: Option<&'a Mutex<Vec<String>>>,
 }
 
 pub fn take(fake: &FakeApiServer, hubs: &[HubProbe<'_>]) -> Snapshot {
@@ -74,6 +80,12 @@ pub fn take(fake: &FakeApiServer, hubs: &[HubProbe<'_>]) -> Snapshot {
     for (c, hub) in counters.iter_mut().zip(hubs) {
         c.cpu_seconds = process_cpu_seconds(hub.pid).unwrap_or(0.0);
         c.rss_kib = rss_kib(hub.pid).unwrap_or(0);
+        if let Some(log) = hub.log {
+            let log = log.lock().unwrap_or_else(|e| e.into_inner());
+            let count = |marker: &str| log.iter().filter(|l| l.contains(marker)).count() as u64;
+            c.went_unhealthy = count("apiserver unhealthy");
+            c.went_healthy = count("apiserver healthy");
+        }
         if let Some(stats) = hub.stats {
             c.client_requests = stats.requests.load(Ordering::Relaxed);
             c.client_failures = stats.failures().len() as u64;
