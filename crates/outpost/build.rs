@@ -3,9 +3,9 @@
 //!
 //! Why: an idle hub's resident memory is mostly the binary's code pages. The kernel maps code in
 //! 64 KiB windows around each page touched, and the few functions a hub runs were spread over
-//! nearly every window of the 13 MB of text, next to the demo's fake apiserver, the kube client
-//! and the CLI. Placed together they fit in about 3.4 MB, and the idle hub's RSS goes from
-//! 15.4 to 9.7–10.0 MiB (BENCHMARKS.md, "The hot code placed together").
+//! nearly every window of the text, next to the CLI and code that runs once. Placed together
+//! they fit in a fraction of it, and the idle hub's RSS falls by about a third (figures in
+//! BENCHMARKS.md and `docs/benchmarks-journal.md`, "The hot code placed together").
 //!
 //! Only where lld is known to be the linker: release builds for x86_64 Linux (GNU) with rustc
 //! 1.90 or later shipping its own lld (its default linker there; some distributions' rustc does

@@ -12,17 +12,7 @@
 //! - `replace_scope`: a relist of the 110 pods (flushed, as by default);
 //! - `flush`: making one event durable, i.e. what flushing every event would cost.
 //!
-//! Measured on the shared 2-core dev VM (release, medians): apply_event 534 µs flushed /
-//! 162 µs batched / 31 µs in memory; list 325 µs exact scope / 1.77 ms filtered from an
-//! unfiltered scope; get 7.4 µs; relist of 110 pods 4.2 ms; flush after one event 375 µs.
-//! 2026-11-24, after reads stopped copying and records were sealed in place: apply_event
-//! 284 µs flushed / 87 µs batched / 10 µs in memory; apply_events of 32 pods 1.50 ms flushed,
-//! 47 µs per event. Later that day, once a relist stopped re-reading the objects it holds byte
-//! for byte and the pods came in kube-apiserver's key order: relist of 110 unchanged pods
-//! 0.60 ms (was 1.02 ms). Later still: apply_events of 32 pods 1.60 ms with the event log,
-//! 0.94 ms without one (`sled_no_log`): the log's copy of each object is ~40 % of a write.
-//! Once log entries named their object instead of copying it: 1.16-1.18 ms with the log against
-//! 1.47-1.53 ms before, in alternate runs (36 vs 47 µs per event; without a log 0.87-0.94 ms).
+//! Figures and their history: `BENCHMARKS.md` and `docs/benchmarks-journal.md`.
 
 use std::hint::black_box;
 use std::time::Duration;

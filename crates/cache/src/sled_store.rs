@@ -26,11 +26,10 @@
 //! already stored (kubelet's Node GET every 10 s) writes nothing at all, and a BOOKMARK (a scope's
 //! resourceVersion) rides on the next flushed write; losing one to a crash means a replay from
 //! the previous resourceVersion, never a wrong object.
-//! It costs a flush per call: a pod MODIFIED takes ~0.28 ms flushed vs ~0.09 ms unflushed on
-//! this VM (`benches/store.rs`; more on SD cards). A burst of watch events is therefore written
-//! as a group: [`Store::apply_events`] takes the events the proxy's writer found queued for one
-//! scope (at most 256 KiB) as one call, one batch and one flush, ~47 µs per pod event for 32 of
-//! them. Durability is unchanged: a call returns once its whole group is on disk, and a crash
+//! It costs a flush per call, several times an unflushed write (`benches/store.rs`; more on SD
+//! cards). A burst of watch events is therefore written as a group: [`Store::apply_events`]
+//! takes the events the proxy's writer found queued for one scope (at most 256 KiB) as one
+//! call, one batch and one flush. Durability is unchanged: a call returns once its whole group is on disk, and a crash
 //! loses at most the group in progress, never part of one. Flushing every call is also what
 //! keeps sled 0.34 clear of its deadlock (below).
 //!

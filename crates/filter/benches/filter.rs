@@ -12,10 +12,7 @@
 //! - `for_request`: the per-request lookup when no filter applies (the zero-cost path) and
 //!   when one does.
 //!
-//! Measured on the shared 2-core dev VM under load (release, medians of two runs): list copy
-//! 38 µs, filter_some 1.27–1.57 ms, filter_none 0.82–1.29 ms; slice watch copy 2.7–3.0 ms,
-//! filter 44–54 ms (≈5 µs per 5 KB event); pod watch copy 3.4–5.1 ms, filter 39–51 ms;
-//! for_request 28 ns when nothing applies, 60 ns when a chain is built.
+//! Figures and their history: `BENCHMARKS.md` and `docs/benchmarks-journal.md`.
 
 use std::hint::black_box;
 

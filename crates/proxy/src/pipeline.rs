@@ -716,7 +716,7 @@ fn counted(
 /// locally) its `Content-Length`; the filter stage sets the new length of what it rewrites. The
 /// byte counting in [`Pipeline::observe_body`] hides the body's size from hyper, which would
 /// otherwise send it chunked: a client then needs one more read for the closing chunk (an
-/// offline GET took ≈40 % longer so). Relayed headers and streams are left alone, and so are the
+/// offline GET took markedly longer so). Relayed headers and streams are left alone, and so are the
 /// statuses that must not carry a length.
 fn declare_length(resp: &mut Response<ProxyBody>) {
     let status = resp.status();

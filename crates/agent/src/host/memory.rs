@@ -3,24 +3,24 @@
 //! glibc's malloc returns memory to the kernel only from the top of each heap. What a burst frees
 //! below a chunk that is still in use stays resident for the life of the process. The hub's bursts
 //! are large and come at start-up and after every reconnect: relisting a full node (1,000 Services
-//! and EndpointSlices, 110 pods) and writing it to sled allocates and frees tens of MiB. Measured
-//! with `examples/coldboot.rs`, a warmed hub held 40.9 MiB, of which ≈13 MiB was free memory
-//! glibc kept; `malloc_trim(0)` brought it to 28 MiB. jemalloc and Go's runtime give such memory
-//! back on a timer; glibc has to be asked.
+//! and EndpointSlices, 110 pods) and writing it to sled allocates and frees tens of MiB, and a
+//! warmed hub holds a third of its RSS as free memory glibc kept (`examples/coldboot.rs`;
+//! figures in `docs/benchmarks-journal.md`). jemalloc and Go's runtime give such memory back on
+//! a timer; glibc has to be asked.
 //!
 //! [`trim_after_bursts`] reads the process's anonymous resident memory every [`TICK`]. When it has
 //! grown by [`GROWTH`] since the last trim, then held (nearly) still for a tick in which no hub
 //! in the process answered a request, sent a frame of a response body (a watch streams for
 //! minutes) or applied a cache write ([`BurstWatch`], `outpost_proxy::work::note_work`),
-//! the burst is over and a trim runs on the blocking pool. A trim holds each arena's lock while it walks that arena (0.04–2 ms
-//! measured) and the memory it returns is faulted in again by the next burst: trimming while the
-//! cache writer was busy cost a watch with the cache on ≈1.5 % of its throughput
-//! (`benches/edge.rs`), so a busy hub is never trimmed.
+//! the burst is over and a trim runs on the blocking pool. A trim holds each arena's lock while
+//! it walks that arena, and the memory it returns is faulted in again by the next burst:
+//! trimming while the cache writer was busy cost a watch with the cache on some of its
+//! throughput (`benches/edge.rs`), so a busy hub is never trimmed.
 //!
 //! Rejected, measured: fixing glibc's mmap threshold so that large buffers always get their own
-//! mapping (returned on free). Warmed RSS fell to 34 MiB, but every large buffer then costs a
-//! fresh mapping and its page faults: in `benches/edge.rs` (hub and client in one process) the
-//! offline LIST of 110 pods went from 439 to 571 µs.
+//! mapping (returned on free). Warmed RSS fell, but every large buffer then costs a fresh
+//! mapping and its page faults: in `benches/edge.rs` (hub and client in one process) the
+//! offline LIST of 110 pods became markedly slower.
 
 use std::time::Duration;
 
