@@ -49,4 +49,7 @@ order="crates/outpost/link/hot.order"
   comm -12 "$work/run" "$work/defined"
 } >"$order"
 echo "$order: $(grep -vc '^#' "$order") functions"
+# Linked again with the new file (build.rs reruns when it changes), so that the binary left in
+# the target directory, which check.sh and any measurement read, has the new layout.
+cargo build --release --locked -p outpost --no-default-features
 crates/outpost/link/check.sh "$bin"
