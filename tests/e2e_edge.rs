@@ -1189,9 +1189,11 @@ async fn ota_pulls_the_image_of_and_upgrades_a_marked_daemonset_pod() {
         .create("v1/pods", ota_pod("marked-2", NODE, "DaemonSet", true))
         .unwrap();
     cluster.fake.refuse_connections();
+    // Until the hub has seen the cloud go, a request may still reach it (and would rightly
+    // apply): wait for the refusal with a pod the asking cannot change.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let (code, text) = admin_post(&hub, &ota("marked-2", "upgrade"), "POST").await;
+        let (code, text) = admin_post(&hub, &ota("missing", "upgrade"), "POST").await;
         if code == 503 {
             assert!(text.contains("disconnected"), "{text}");
             break;
@@ -1199,6 +1201,9 @@ async fn ota_pulls_the_image_of_and_upgrades_a_marked_daemonset_pod() {
         assert!(Instant::now() < deadline, "still {code} offline: {text}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let (code, text) = admin_post(&hub, &ota("marked-2", "upgrade"), "POST").await;
+    assert_eq!(code, 503, "{text}");
+    assert!(text.contains("disconnected"), "{text}");
     cluster.fake.restore().await;
     assert!(
         cluster
