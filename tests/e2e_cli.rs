@@ -147,10 +147,10 @@ async fn a_yurthub_command_line_starts_unchanged() {
 
     let mut args: Vec<String> = args
         .into_iter()
-        .filter(|a| !a.starts_with("--multiplexer-port=") && !a.starts_with("--profiling="))
+        .filter(|a| !a.starts_with("--max-requests-in-flight=") && !a.starts_with("--profiling="))
         .collect();
     args.extend([
-        "--multiplexer-port=10270".into(),
+        "--max-requests-in-flight=100".into(),
         "--profiling=false".into(),
     ]);
     let hub = cluster.start_hub_with(&args);
@@ -161,7 +161,7 @@ async fn a_yurthub_command_line_starts_unchanged() {
         .collect();
     assert_eq!(warning.len(), 1, "{log}");
     assert!(
-        warning[0].contains("--profiling=false --multiplexer-port=10270"),
+        warning[0].contains("--profiling=false --max-requests-in-flight=100"),
         "{}",
         warning[0]
     );

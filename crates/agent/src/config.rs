@@ -13,6 +13,7 @@ use outpost_proxy::upstream::UpstreamConfig;
 use crate::health::HealthConfig;
 use crate::host::dummy_if::DummyIfConfig;
 use crate::identity::bootstrap::TokenBootstrap;
+use crate::pool::PoolSettings;
 use crate::side::filters::FilterSettings;
 
 /// Everything the hub needs to start. [`HubConfig::new`] gives yurthub's defaults for all but
@@ -38,6 +39,10 @@ pub struct HubConfig {
     pub filters: Option<FilterSettings>,
     /// `--pool-scope-resources`: what the shared cache holds (empty: no shared cache).
     pub pool_scope: Vec<PoolScopeResource>,
+    /// Pool sharing (the leader hub, [`crate::pool`]); `None` keeps the shared cache's feeds
+    /// on the cloud. Needs the shared cache (`pool_scope`) and, to serve as a leader, `secure`
+    /// (its serving certificate).
+    pub pool_sharing: Option<PoolSettings>,
     /// The HTTPS port for in-cluster clients; `None` serves none.
     pub secure: Option<SecureConfig>,
     /// `--enable-dummy-if`: the interface holding the address in-cluster clients are pointed at
@@ -64,6 +69,7 @@ impl HubConfig {
             health: HealthConfig::default(),
             filters: None,
             pool_scope: Vec::new(),
+            pool_sharing: None,
             secure: None,
             dummy_if: None,
             token_bootstrap: None,

@@ -11,6 +11,8 @@
 //!   bootstrap and CSR) and the secure port's serving certificate.
 //! - [`side`]: side data kept from the cloud: the filters' Services and NodePools, the shared
 //!   cache's feeds, `yurt-hub-cfg`.
+//! - [`pool`]: pool sharing, the leader hub: `leader-hub-<pool>` followed, a leader's port, a
+//!   follower's feeds from the leaders.
 //! - [`host`]: the node itself: the dummy interface, memory given back after bursts, the state
 //!   dump of `kill -USR1`.
 //! - [`admin`]: the admin port (`/v1/healthz`, `/v1/readyz`, `/metrics`, `/pods`, `/v1/token`,
@@ -24,6 +26,7 @@ pub mod health;
 pub mod host;
 pub mod identity;
 pub mod listen;
+pub mod pool;
 pub mod side;
 pub mod supervisor;
 
@@ -101,7 +104,22 @@ impl Hub {
             &tasks,
         )
         .await;
-        let multiplexer = shared_cache(&config, cloud, edge.as_ref(), &metrics, &tasks);
+        let pool = config
+            .pool_sharing
+            .clone()
+            .filter(|_| !config.pool_scope.is_empty())
+            .map(|settings| {
+                let store = edge.as_ref().map(|e| e.store().clone());
+                pool::PoolSharing::start(settings, &upstream, store.as_ref(), &metrics, &tasks)
+            });
+        let multiplexer = shared_cache(
+            &config,
+            cloud,
+            edge.as_ref(),
+            pool.clone(),
+            &metrics,
+            &tasks,
+        );
         host::start(dummy_if.as_ref(), &metrics, &tasks);
         let pipeline = Arc::new(Pipeline {
             upstream: upstream.clone(),
@@ -113,6 +131,9 @@ impl Hub {
             verified_tokens: Arc::new(verified_tokens(&config)),
         });
         let admin = admin(&config, &pipeline, side, ports.serving_cert.clone());
+        if let Some(pool) = pool {
+            leader_port(&config, pool, &pipeline, ports.serving_cert.clone(), &tasks);
+        }
         let hub = ports.serve(&config, pipeline, admin, tasks, dummy_if);
         let servers: Vec<String> = states.servers().map(Server::label).collect();
         info!(proxy = %hub.proxy_addr, admin = %hub.admin_addr, secure = ?hub.secure_addr, upstream = ?servers, "hub serving");
@@ -246,6 +267,7 @@ fn shared_cache(
     config: &HubConfig,
     (states, upstream): (&Arc<ServerStates>, &Arc<Upstream>),
     edge: Option<&Edge>,
+    pool: Option<Arc<pool::PoolSharing>>,
     metrics: &Metrics,
     tasks: &Arc<Supervisor>,
 ) -> Option<Arc<Multiplexer>> {
@@ -256,6 +278,7 @@ fn shared_cache(
         upstream: upstream.clone(),
         store: edge.map(|e| e.store().clone()),
         tasks: tasks.clone(),
+        pool,
     };
     let min_request_timeout = config
         .edge
@@ -271,6 +294,44 @@ fn shared_cache(
         min_request_timeout,
         edge.map(|e| e.overlay().clone()),
     ))
+}
+
+/// Pool sharing: the leader hub's port, open while this hub is a leader. It presents the secure
+/// port's serving certificate, so a hub without a secure port cannot lead (logged).
+fn leader_port(
+    config: &HubConfig,
+    pool: Arc<pool::PoolSharing>,
+    pipeline: &Pipeline,
+    certificate: Option<Arc<CertSlot>>,
+    tasks: &Supervisor,
+) {
+    let (Some(multiplexer), Some(certificate)) = (pipeline.multiplexer.clone(), certificate) else {
+        tracing::warn!(
+            "pool sharing: no secure port, so no serving certificate: this hub cannot serve as a leader"
+        );
+        return;
+    };
+    let source = pipeline.upstream.tls().source;
+    let roots = std::fs::read(&source.ca_file)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| outpost_certs::ca_roots(&source.ca_file, &pem).map_err(|e| e.to_string()))
+        .and_then(|roots| outpost_certs::peers::PeerCheck::new(roots).map_err(|e| e.to_string()));
+    let check = match roots {
+        Ok(check) => check,
+        Err(e) => {
+            tracing::warn!(error = %e, "pool sharing: cannot read the cluster CA; this hub cannot serve as a leader");
+            return;
+        }
+    };
+    let limits = config.clients.ports(slots::open_files_limit()).secure;
+    let port = Arc::new(pool::port::LeaderPort {
+        pool,
+        multiplexer,
+        certificate,
+        check,
+        limits,
+    });
+    tasks.spawn("leader hub port", pool::port::run(port, tasks.stopping()));
 }
 
 /// The admin endpoints of a hub serving `pipeline`: readiness over the request path's parts

@@ -8,7 +8,8 @@
 //! `Authorization: Bearer` token (as yurthub does). kubelet rotates that certificate in place;
 //! [`UpstreamTls::reload_if_changed`] reads the files again so the hub can follow.
 //!
-//! [`serving`] is the other direction: the certificate the hub presents on its secure port.
+//! [`serving`] is the other direction: the certificate the hub presents on its secure port;
+//! [`peers`] checks the client certificates presented on the leader hub's port.
 //!
 //! Every failure is a [`CertError`] naming the file and the problem in one line.
 
@@ -21,6 +22,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
 pub mod bootstrap;
+pub mod peers;
 pub mod serving;
 
 /// Why the certificate files could not be used.

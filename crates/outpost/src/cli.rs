@@ -13,6 +13,7 @@ use outpost_agent::health::{HealthConfig, HeartbeatConfig};
 use outpost_agent::host::dummy_if::DummyIfConfig;
 use outpost_agent::identity::bootstrap::{IdentityFiles, TokenBootstrap};
 use outpost_agent::listen::slots::ClientLimits;
+use outpost_agent::pool::DEFAULT_PORT as DEFAULT_MULTIPLEXER_PORT;
 use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
@@ -322,6 +323,11 @@ pub struct HubFlags {
     /// adding to it, and an empty value turns the shared cache off.
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_POOL_SCOPE)]
     pub pool_scope_resources: Vec<String>,
+    /// Pool sharing: where this hub serves its pool's shared cache (HTTPS, nodes of the pool
+    /// only) while ConfigMap `<--namespace>/leader-hub-<pool>` names it a leader, on its address
+    /// there. See docs/pool-sharing.md.
+    #[arg(long, default_value_t = DEFAULT_MULTIPLEXER_PORT)]
+    pub multiplexer_port: u16,
     #[command(flatten)]
     pub inert: InertFlags,
 }
@@ -354,10 +360,6 @@ pub struct InertFlags {
     /// yurthub's `local` working mode only, which Outpost does not have.
     #[arg(long, default_value = "")]
     pub host_control_plane_address: String,
-    /// yurthub's leader-hub multiplexer port. Outpost shares pool-scope resources within the node
-    /// only (`--pool-scope-resources`), with no leader hub.
-    #[arg(long, default_value_t = 10269)]
-    pub multiplexer_port: u16,
 }
 
 impl InertFlags {
@@ -386,11 +388,6 @@ impl InertFlags {
             !self.host_control_plane_address.is_empty(),
             "host-control-plane-address",
             self.host_control_plane_address.clone(),
-        );
-        note(
-            self.multiplexer_port != 10269,
-            "multiplexer-port",
-            self.multiplexer_port.to_string(),
         );
         set
     }
@@ -425,6 +422,8 @@ pub struct ValidatedHub {
     pub node_ip: Option<IpAddr>,
     /// `--pool-scope-resources`.
     pub pool_scope: Vec<PoolScopeResource>,
+    /// `--multiplexer-port`: the leader hub's port.
+    pub multiplexer_port: u16,
     /// `--enable-dummy-if`: the interface to keep, holding `--dummy-if-ip`.
     pub dummy_if: Option<DummyIfConfig>,
     /// `--client-header-timeout`, `--client-idle-timeout`, `--max-connections-per-port`.
@@ -483,6 +482,7 @@ impl HubFlags {
             min_request_timeout: self.min_request_timeout,
             node_ip,
             pool_scope,
+            multiplexer_port: self.multiplexer_port,
             dummy_if: self.enable_dummy_if.then(|| DummyIfConfig {
                 name: self.dummy_if_name.clone(),
                 ip: dummy_if_ip,

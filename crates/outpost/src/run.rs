@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use outpost_agent::pool::PoolSettings;
 use outpost_agent::{EdgeConfig, Hub, HubConfig, SecureConfig, UpstreamConfig};
 use outpost_cache::{MemStore, SledOptions, SledStore, Store};
 use outpost_certs::UpstreamTls;
@@ -80,6 +81,12 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
         health: v.health.clone(),
         filters: Some(v.filters.clone()),
         pool_scope: v.pool_scope.clone(),
+        pool_sharing: (!v.pool_scope.is_empty()).then(|| PoolSettings {
+            node: v.node_name.clone(),
+            namespace: v.namespace.clone(),
+            pool: v.nodepool_name.clone(),
+            port: v.multiplexer_port,
+        }),
         secure: Some(SecureConfig {
             addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),
             cert_file: v.root_dir.join("pki").join("yurthub-server-current.pem"),

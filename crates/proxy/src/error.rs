@@ -41,6 +41,14 @@ pub enum ProxyError {
     /// A caller on the secure port without a bearer token: the node's identity is never lent.
     #[error("{0}")]
     Unauthenticated(String),
+    /// An authenticated caller not allowed this request (the leader hub's port: a certificate
+    /// that is not a node of this pool).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The leader hub's port cannot answer from its shared cache (not a leader, not synced):
+    /// the follower asks another leader or the cloud.
+    #[error("the pool's shared cache cannot answer: {0}")]
+    PoolUnavailable(String),
     /// No TCP or TLS connection to any upstream could be made.
     #[error("no apiserver reachable ({server}): {}", error_chain(cause.as_ref()))]
     Unreachable {
@@ -117,6 +125,10 @@ impl ProxyError {
                 Status::new(Reason::Timeout, message).with_code(408)
             }
             ProxyError::Unauthenticated(_) => Status::new(Reason::Unauthorized, message),
+            ProxyError::Forbidden(_) => Status::forbidden(message),
+            ProxyError::PoolUnavailable(_) => {
+                Status::service_unavailable(message).with_retry_after(1)
+            }
             ProxyError::Unreachable { .. }
             | ProxyError::ConnectionLost { .. }
             | ProxyError::NoUpstream => Status::service_unavailable(message),
@@ -147,6 +159,8 @@ impl ProxyError {
             ProxyError::ClientBody(_) => "client_body",
             ProxyError::ClientTimeout { .. } => "client_timeout",
             ProxyError::Unauthenticated(_) => "unauthenticated",
+            ProxyError::Forbidden(_) => "forbidden",
+            ProxyError::PoolUnavailable(_) => "pool_unavailable",
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
             ProxyError::ConnectionLost { .. } => "connection_lost",
             ProxyError::Timeout { .. } => "timeout",

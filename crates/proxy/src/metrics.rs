@@ -68,6 +68,16 @@ pub struct Metrics {
     pub client_connections_closed: IntCounterVec,
     /// Failed accepts (out of file descriptors, mostly) per port.
     pub accept_errors: IntCounterVec,
+    /// Pool sharing: 1 for this hub's role in its pool (leader, follower, none).
+    pub pool_role: IntGaugeVec,
+    /// Pool sharing: changes of the pool's leaders (or of this hub's pool).
+    pub pool_leader_changes: IntCounter,
+    /// Pool sharing: requests on the leader hub's port, by outcome (served, unauthenticated,
+    /// forbidden, unavailable, expired).
+    pub pool_port_requests: IntCounterVec,
+    /// Pool sharing: lists and watches of a follower's shared cache, by where they went
+    /// (leader, cloud) and outcome (ok, failed).
+    pub pool_feed_requests: IntCounterVec,
 }
 
 /// A metric's name, help text and labels (none for a single series).
@@ -305,6 +315,32 @@ const ACCEPT_ERRORS: Def = Def {
     labels: &["port"],
 };
 
+const POOL_ROLE: Def = Def {
+    name: "outpost_pool_role",
+    help: "Pool sharing: 1 for this hub's role in its pool (leader, follower, none).",
+    labels: &["role"],
+};
+
+const POOL_LEADER_CHANGES: Def = Def {
+    name: "outpost_pool_leader_changes_total",
+    help: "Pool sharing: changes of the pool's leader hubs (or of this hub's pool).",
+    labels: &[],
+};
+
+const POOL_PORT_REQUESTS: Def = Def {
+    name: "outpost_pool_port_requests_total",
+    help: "Pool sharing: requests on the leader hub's port (--multiplexer-port) by outcome \
+           (served, unauthenticated, forbidden, unavailable, expired).",
+    labels: &["outcome"],
+};
+
+const POOL_FEED_REQUESTS: Def = Def {
+    name: "outpost_pool_feed_requests_total",
+    help: "Pool sharing: lists and watches of a follower's shared cache by source (leader, \
+           cloud) and outcome (ok, failed).",
+    labels: &["source", "outcome"],
+};
+
 impl Metrics {
     pub fn new() -> Self {
         let r = Registrar(Registry::new());
@@ -338,6 +374,10 @@ impl Metrics {
             client_connections: r.gauges(CLIENT_CONNECTIONS),
             client_connections_closed: r.counters(CLIENT_CONNECTIONS_CLOSED),
             accept_errors: r.counters(ACCEPT_ERRORS),
+            pool_role: r.gauges(POOL_ROLE),
+            pool_leader_changes: r.counter(POOL_LEADER_CHANGES),
+            pool_port_requests: r.counters(POOL_PORT_REQUESTS),
+            pool_feed_requests: r.counters(POOL_FEED_REQUESTS),
             registry: r.0,
         };
         metrics.cloud_online.set(1);

@@ -26,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
 use super::slots::{Requests, Serving, Slots};
+use outpost_certs::peers::PeerCertificates;
 use outpost_proxy::body::ProxyBody;
 
 /// How long open connections (watches, tunnels) may run on after shutdown is signalled.
@@ -91,6 +92,7 @@ async fn accept_loop<H, F>(
                         None => connections.spawn(serve_connection(stream, peer, requests, handler, shutdown)),
                         Some(tls) => connections.spawn(async move {
                             if let Some(stream) = handshake(&tls, stream, peer).await {
+                                let handler = with_peer_certificates(&stream, handler);
                                 serve_connection(stream, peer, requests, handler, shutdown).await;
                             }
                         }),
@@ -243,6 +245,25 @@ where
             debug!(%peer, "TLS handshake timed out");
             None
         }
+    }
+}
+
+/// `handler`, with the certificates the client presented in every request's extensions (the
+/// leader hub's port authenticates by them; a port that asks for none finds them empty).
+fn with_peer_certificates<S, H, F>(
+    stream: &tokio_rustls::server::TlsStream<S>,
+    handler: H,
+) -> impl Fn(Request<Incoming>) -> F + Send + Sync + 'static
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+{
+    let presented = stream.get_ref().1.peer_certificates().unwrap_or_default();
+    let peers = PeerCertificates(Arc::new(
+        presented.iter().map(|c| c.clone().into_owned()).collect(),
+    ));
+    move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(peers.clone());
+        handler(req)
     }
 }
 

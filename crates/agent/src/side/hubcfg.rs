@@ -8,6 +8,9 @@
 //!
 //! Unlike yurthub, the ConfigMap is found by its name alone; yurthub's informer also requires the
 //! label `openyurt.io/configmap-name=yurt-hub-cfg` and silently ignores a ConfigMap without it.
+//!
+//! [`ConfigWatch::named`] follows another ConfigMap the same way (pool sharing's
+//! `leader-hub-<pool>`, [`crate::pool`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,8 +29,6 @@ use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::Upstream;
 
 pub const NAME: &str = "yurt-hub-cfg";
-/// The document the last seen ConfigMap is kept under in the cache.
-const DOCUMENT: &str = "config/yurt-hub-cfg";
 const USER_AGENT: &str = "outpost";
 
 /// The ConfigMap's data; empty when it does not exist.
@@ -59,6 +60,8 @@ struct Meta {
 /// Keeps `yurt-hub-cfg` in sync and publishes each change.
 pub struct ConfigWatch {
     namespace: String,
+    /// The ConfigMap's name; the last seen copy is kept in the cache as `config/<name>`.
+    name: String,
     upstream: Arc<Upstream>,
     store: Option<Arc<dyn Store>>,
     tx: watch::Sender<Arc<HubCfg>>,
@@ -71,8 +74,19 @@ impl ConfigWatch {
         upstream: Arc<Upstream>,
         store: Option<Arc<dyn Store>>,
     ) -> ConfigWatch {
+        ConfigWatch::named(namespace, NAME, upstream, store)
+    }
+
+    /// Follows the ConfigMap `namespace/name`.
+    pub fn named(
+        namespace: &str,
+        name: &str,
+        upstream: Arc<Upstream>,
+        store: Option<Arc<dyn Store>>,
+    ) -> ConfigWatch {
         ConfigWatch {
             namespace: namespace.to_owned(),
+            name: name.to_owned(),
             upstream,
             store,
             tx: watch::Sender::new(Arc::new(HubCfg::default())),
@@ -103,7 +117,7 @@ impl ConfigWatch {
             match round {
                 Ok(()) => backoff = Duration::from_secs(1),
                 Err(e) => {
-                    debug!(error = %e, "yurt-hub-cfg sync failed; retrying");
+                    debug!(error = %e, "{} sync failed; retrying", self.name);
                     self.state.send_if_modified(|state| match state {
                         SyncState::Synced { .. } => false,
                         _ => {
@@ -125,12 +139,15 @@ impl ConfigWatch {
 
     /// One GET, then one watch from its resourceVersion until the stream ends.
     async fn sync(&self) -> Result<(), ProxyError> {
-        let path = format!("/api/v1/namespaces/{}/configmaps/{NAME}", self.namespace);
+        let path = format!(
+            "/api/v1/namespaces/{}/configmaps/{}",
+            self.namespace, self.name
+        );
         let resp = OWN.send(&self.upstream, &path).await?;
         let rv = match resp.status() {
             StatusCode::OK => {
                 let bytes = OWN.collect(resp.into_body()).await?;
-                let cm = parse(&bytes)?;
+                let cm = self.parse(&bytes)?;
                 self.save(bytes).await;
                 let rv = cm.metadata.resource_version.clone();
                 self.publish(HubCfg { data: cm.data }, "cloud");
@@ -147,8 +164,8 @@ impl ConfigWatch {
             }
         };
         let watch_path = format!(
-            "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{NAME}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={rv}",
-            self.namespace
+            "/api/v1/namespaces/{}/configmaps?fieldSelector=metadata.name%3D{}&watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={rv}",
+            self.namespace, self.name
         );
         let resp = OWN.send(&self.upstream, &watch_path).await?;
         if resp.status() != StatusCode::OK {
@@ -162,7 +179,7 @@ impl ConfigWatch {
             match event.event_type() {
                 Ok(EventType::Added | EventType::Modified) => {
                     let bytes = Bytes::copy_from_slice(object.as_bytes());
-                    let cm = parse(&bytes)?;
+                    let cm = self.parse(&bytes)?;
                     self.save(bytes).await;
                     self.publish(HubCfg { data: cm.data }, "cloud");
                 }
@@ -184,7 +201,7 @@ impl ConfigWatch {
             if **current == cfg {
                 return false;
             }
-            info!(source, keys = ?cfg.data.keys().collect::<Vec<_>>(), "yurt-hub-cfg applied");
+            info!(source, keys = ?cfg.data.keys().collect::<Vec<_>>(), "{} applied", self.name);
             *current = Arc::new(cfg);
             true
         });
@@ -192,26 +209,38 @@ impl ConfigWatch {
 
     async fn load_cached(&self) -> Option<HubCfg> {
         let store = self.store.clone()?;
-        let doc = tokio::task::spawn_blocking(move || store.get_document(DOCUMENT))
+        let document = self.document();
+        let doc = tokio::task::spawn_blocking(move || store.get_document(&document))
             .await
             .ok()?
             .ok()??;
-        parse(&doc).ok().map(|cm| HubCfg { data: cm.data })
+        self.parse(&doc).ok().map(|cm| HubCfg { data: cm.data })
     }
 
     async fn save(&self, bytes: Bytes) {
         let Some(store) = self.store.clone() else {
             return;
         };
-        let saved = tokio::task::spawn_blocking(move || store.put_document(DOCUMENT, &bytes)).await;
+        let document = self.document();
+        let saved =
+            tokio::task::spawn_blocking(move || store.put_document(&document, &bytes)).await;
         if let Ok(Err(e)) = saved {
-            warn!(error = %e, "cannot keep yurt-hub-cfg in the edge cache");
+            warn!(config_map = %self.name, error = %e, "cannot keep the config map in the edge cache");
         }
+    }
+
+    /// The cache document the last seen copy is kept under.
+    fn document(&self) -> String {
+        format!("config/{}", self.name)
+    }
+
+    fn parse(&self, bytes: &[u8]) -> Result<ConfigMap, ProxyError> {
+        parse(bytes).map_err(|e| bad_reply(format!("{}: {e}", self.name)))
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<ConfigMap, ProxyError> {
-    serde_json::from_slice(bytes).map_err(|e| bad_reply(format!("yurt-hub-cfg: {e}")))
+fn parse(bytes: &[u8]) -> Result<ConfigMap, serde_json::Error> {
+    serde_json::from_slice(bytes)
 }
 
 const OWN: OwnGets = OwnGets {

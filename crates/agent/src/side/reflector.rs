@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::StatusCode;
 use outpost_cache::Store;
 use outpost_core::wire::{
@@ -41,19 +42,70 @@ pub struct ReflectorFeeds {
     pub upstream: Arc<Upstream>,
     pub store: Option<Arc<dyn Store>>,
     pub tasks: Arc<Supervisor>,
+    /// Pool sharing: a follower's feeds list and watch its pool's leader hubs first.
+    pub pool: Option<Arc<crate::pool::PoolSharing>>,
 }
 
 impl outpost_proxy::feed::Feeds for ReflectorFeeds {
     fn start(&self, name: &str, path: String, handler: Box<dyn Handler>) {
-        let reflector = Reflector::new(
+        let mut reflector = Reflector::new(
             name,
             path,
             self.upstream.clone(),
             self.store.clone(),
             handler,
         );
+        if let Some(pool) = &self.pool {
+            reflector.source = Box::new(pool.feed_source());
+        }
         self.tasks
             .spawn("shared cache feed", reflector.run(self.tasks.stopping()));
+    }
+}
+
+/// Where a reflector lists and watches: the cloud ([`Cloud`]), or for a pool-sharing follower
+/// its pool's leader hubs first ([`crate::pool::source`]).
+pub trait Source: Send + Sync + 'static {
+    /// One GET of `path` (a list, or a watch), answered with its headers.
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Opened, ProxyError>>;
+
+    /// A watch this source opened failed mid-stream: whether another place may take it up at
+    /// once, from the same resourceVersion (nothing missed, nothing relisted).
+    fn failed(&self, _error: &ProxyError) -> bool {
+        false
+    }
+}
+
+/// An answer from a [`Source`], and what ends a watch opened with it early.
+pub struct Opened {
+    pub resp: http::Response<hyper::body::Incoming>,
+    pub ends: BoxFuture<'static, Ends>,
+}
+
+/// Why a watch is ended before its stream does.
+pub enum Ends {
+    /// Its server became unhealthy (a dead link may hold a stream for minutes).
+    Unhealthy,
+    /// A better place to watch from appeared: watch again from the last resourceVersion.
+    Moved,
+}
+
+/// The cloud: a healthy apiserver, with the hub's own identity.
+pub struct Cloud(pub Arc<Upstream>);
+
+impl Source for Cloud {
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Opened, ProxyError>> {
+        Box::pin(async move {
+            let server = self.0.pick().ok_or(ProxyError::NoUpstream)?;
+            // Taken before the send, so an outage during it still ends the watch.
+            let outage = self.0.states().next_outage(server);
+            let resp = OWN.send_to(&self.0, server, path).await?;
+            let ends = Box::pin(async move {
+                outage.await;
+                Ends::Unhealthy
+            });
+            Ok(Opened { resp, ends })
+        })
     }
 }
 
@@ -65,6 +117,8 @@ pub struct Reflector<H> {
     /// `/api/v1/nodes?fieldSelector=metadata.name%3Dedge-1`).
     path: String,
     upstream: Arc<Upstream>,
+    /// Where lists and watches go: the cloud, unless pool sharing says otherwise.
+    pub source: Box<dyn Source>,
     store: Option<Arc<dyn Store>>,
     handler: H,
     state: watch::Sender<SyncState>,
@@ -93,6 +147,7 @@ impl<H: Handler> Reflector<H> {
         Reflector {
             name: name.to_owned(),
             path,
+            source: Box::new(Cloud(upstream.clone())),
             upstream,
             store,
             handler,
@@ -141,15 +196,19 @@ impl<H: Handler> Reflector<H> {
     async fn sync(&mut self) -> Result<(), ProxyError> {
         self.list().await?;
         loop {
-            match self.watch().await? {
-                Ended::Rewatch => continue,
-                Ended::Relist => return Ok(()),
+            match self.watch().await {
+                Ok(Ended::Rewatch) => continue,
+                Ok(Ended::Relist) => return Ok(()),
+                Err(e) if self.source.failed(&e) => {
+                    debug!(resource = %self.name, error = %e, "watch failed; resuming it elsewhere");
+                }
+                Err(e) => return Err(e),
             }
         }
     }
 
     async fn list(&mut self) -> Result<(), ProxyError> {
-        let resp = OWN.send(&self.upstream, &self.path).await?;
+        let resp = self.source.get(&self.path).await?.resp;
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
@@ -203,25 +262,25 @@ impl<H: Handler> Reflector<H> {
             "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
             self.path, self.resource_version
         );
-        let server = self.upstream.pick().ok_or(ProxyError::NoUpstream)?;
-        // Taken before the send, so an outage during it still ends the watch.
-        let outage = self.upstream.states().next_outage(server);
-        let resp = OWN.send_to(&self.upstream, server, &path).await?;
+        let Opened { resp, ends } = self.source.get(&path).await?;
         if resp.status() != StatusCode::OK {
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
         let mut framer = LineFramer::new();
         let mut save_at: Option<Instant> = None;
-        tokio::pin!(outage);
+        tokio::pin!(ends);
         loop {
             let line = tokio::select! {
                 line = OWN.next_line(&mut body, &mut framer) => line,
                 // A stream from a server found unhealthy may hang on a dead link for minutes:
                 // it is left, and the next list (when the cloud is back) catches up.
-                () = &mut outage => {
+                ends = &mut ends => {
                     self.save().await;
-                    return Err(bad_reply("its server became unhealthy"));
+                    return match ends {
+                        Ends::Unhealthy => Err(bad_reply("its server became unhealthy")),
+                        Ends::Moved => Ok(Ended::Rewatch),
+                    };
                 }
                 _ = sleep_until(save_at) => {
                     save_at = None;

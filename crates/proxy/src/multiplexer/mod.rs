@@ -260,6 +260,13 @@ impl SharedRead<'_> {
         Some(resp)
     }
 
+    /// Whether the store answers reads now (a list applied, fed from the cloud since or the
+    /// cloud away); the leader hub's port waits for it before answering another hub.
+    pub fn is_servable(&self) -> bool {
+        self.shared
+            .is_servable(!self.multiplexer.states.is_online())
+    }
+
     /// Called with the normal way's answer: the apiserver's success for a token is its grant.
     pub fn learn(&self, resp: &Response<ProxyBody>) {
         let from_apiserver = !resp.headers().contains_key("x-outpost-served-from");

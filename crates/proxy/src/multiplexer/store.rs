@@ -211,8 +211,8 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[cfg(test)]
-    fn is_servable(&self, offline: bool) -> bool {
+    /// Whether reads can be answered here now (see `State::answering`).
+    pub fn is_servable(&self, offline: bool) -> bool {
         self.state().answering(offline).is_some()
     }
 
