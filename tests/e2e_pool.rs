@@ -306,3 +306,103 @@ async fn a_hub_follows_its_pools_leader_hub_config_map_live() {
     let changes = metric(&hub, "outpost_pool_leader_changes_total").await;
     assert!(changes >= 4.0, "one count per change: {changes}");
 }
+
+/// Step 2: a leader serves its shared cache on `<its ip>:--multiplexer-port` to the nodes of its
+/// pool, and refuses everyone else as kube-apiserver would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_serves_the_nodes_of_its_pool_and_refuses_everyone_else() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    for name in ["web-1", "web-2"] {
+        fake.create(SLICES_GVR, endpoint_slice(name)).unwrap();
+    }
+    node_pool(&cluster, POOL, &["edge-1", "edge-2", "edge-3"]);
+    node_pool(&cluster, "pool-b", &["edge-9"]);
+    let edge1 = member("edge-1", 2);
+    fake.create("v1/configmaps", leader_hub_config(POOL, &[&edge1]))
+        .unwrap();
+    let port = free_port(&[member("edge-1", 2)]);
+    let leader = start_member(&cluster, &edge1, port, &[]);
+    let addr = SocketAddr::new(edge1.ip, port);
+    let pki = fake.pki();
+    let ca = pki.ca_pem.clone();
+    let edge2 = node_cert(pki, "edge-2");
+    until_leader_serves(&leader, addr, &ca, &edge2).await;
+
+    // A node of the pool: the cloud's objects, from the leader's shared cache.
+    let list = leader_get(addr, &ca, Some(&edge2), SLICES).await.unwrap();
+    assert_eq!(list.status, 200);
+    assert_eq!(list.header("x-outpost-served-from"), Some("shared-cache"));
+    let cloud = json!({"items": fake.list(SLICES_GVR, None)});
+    assert_eq!(names(&list.json()), names(&cloud));
+    let rv = list.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A watch resumed from the list's resourceVersion gets what changed since, and ends at its
+    // timeout; one from before the leader's window is 410, as the apiserver answers it.
+    fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
+    let path = format!("{SLICES}?watch=true&resourceVersion={rv}&timeoutSeconds=1");
+    let watch = leader_get(addr, &ca, Some(&edge2), &path).await.unwrap();
+    let events = String::from_utf8_lossy(&watch.body).into_owned();
+    assert!(
+        events.contains("\"ADDED\"") && events.contains("web-3") && !events.contains("web-1"),
+        "{events}"
+    );
+    let gone = format!("{SLICES}?watch=true&resourceVersion=1");
+    let gone = leader_get(addr, &ca, Some(&edge2), &gone).await.unwrap();
+    assert_eq!(gone.status, 410, "{}", String::from_utf8_lossy(&gone.body));
+    assert_eq!(gone.json()["reason"], "Expired");
+
+    // Everyone else.
+    let refused = |resp: RawResponse, code: u16, reason: &str, what: &str| {
+        assert_eq!(
+            resp.status,
+            code,
+            "{what}: {}",
+            String::from_utf8_lossy(&resp.body)
+        );
+        let status = resp.json();
+        assert_eq!(
+            (status["kind"].as_str(), status["reason"].as_str()),
+            (Some("Status"), Some(reason)),
+            "{what}: {status}"
+        );
+    };
+    let anonymous = leader_get(addr, &ca, None, SLICES).await.unwrap();
+    refused(anonymous, 401, "Unauthorized", "no client certificate");
+    let other_ca = TestPki::new().unwrap();
+    let forged = node_cert(&other_ca, "edge-2");
+    let forged = leader_get(addr, &ca, Some(&forged), SLICES).await.unwrap();
+    refused(forged, 401, "Unauthorized", "a certificate of another CA");
+    let alice = pki.client("alice", &["system:authenticated"]).unwrap();
+    let alice = leader_get(addr, &ca, Some(&alice), SLICES).await.unwrap();
+    refused(alice, 403, "Forbidden", "not a node");
+    let stranger = node_cert(pki, "edge-9");
+    let stranger = leader_get(addr, &ca, Some(&stranger), SLICES)
+        .await
+        .unwrap();
+    refused(stranger, 403, "Forbidden", "a node of another pool");
+    let unknown = node_cert(pki, "edge-404");
+    let unknown = leader_get(addr, &ca, Some(&unknown), SLICES).await.unwrap();
+    refused(unknown, 403, "Forbidden", "an unknown node");
+    let pods = leader_get(addr, &ca, Some(&edge2), "/api/v1/pods")
+        .await
+        .unwrap();
+    refused(pods, 403, "Forbidden", "not a pool-scope resource");
+    let outcome = |o: &str| format!("outpost_pool_port_requests_total{{outcome=\"{o}\"}}");
+    assert_eq!(metric(&leader, &outcome("unauthenticated")).await, 2.0);
+    assert_eq!(metric(&leader, &outcome("forbidden")).await, 4.0);
+
+    // No longer named a leader: the port closes.
+    let mut cm = fake
+        .get("v1/configmaps", Some("kube-system"), LEADER_HUB)
+        .unwrap();
+    cm["data"]["leaders"] = json!("edge-2/127.0.0.3");
+    fake.update("v1/configmaps", cm).unwrap();
+    let closed = eventually(Duration::from_secs(10), || {
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err()
+    })
+    .await;
+    assert!(closed, "the port stays open:\n{}", leader.log_text());
+}

@@ -230,7 +230,8 @@ impl PoolSharing {
             };
             tokio::select! {
                 () = following => return,
-                changed = pool.changed() => if changed.is_err() { return },
+                // A pool from the flag never changes (its sender is gone): follow it on.
+                Ok(()) = pool.changed() => {}
                 _ = shutdown.changed() => return,
             }
         }
