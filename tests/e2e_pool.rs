@@ -253,6 +253,18 @@ fn cloud_slice_watches(cluster: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// The leader the follower's EndpointSlice watch was last opened on, from its log.
+fn watch_feed_leader(follower: &HubProcess) -> Option<String> {
+    let log = follower.log_text();
+    let line = log
+        .lines()
+        .filter(|l| l.contains("pool-scope feed from a leader hub"))
+        .filter(|l| l.contains("endpointslices") && l.contains("watch=true"))
+        .last()?;
+    let start = line.find("leader=")? + "leader=".len();
+    Some(line[start..].split_whitespace().next()?.to_owned())
+}
+
 /// Step 1: the hub's pool from its node's label, and `leader-hub-<pool>` followed live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_follows_its_pools_leader_hub_config_map_live() {
@@ -405,4 +417,132 @@ async fn a_leader_serves_the_nodes_of_its_pool_and_refuses_everyone_else() {
     })
     .await;
     assert!(closed, "the port stays open:\n{}", leader.log_text());
+}
+
+/// Steps 3–4: a follower's kube-proxy sees the cloud's EndpointSlices through a leader; the cloud
+/// sees no watch from the follower (one per leader at most); the leader serving it killed, the
+/// same watch goes on from the other leader within seconds and misses no event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    for name in ["web-1", "web-2"] {
+        fake.create(SLICES_GVR, endpoint_slice(name)).unwrap();
+    }
+    let (edge1, edge2, edge3) = (
+        member("edge-1", 2),
+        member("edge-2", 3),
+        member("edge-3", 4),
+    );
+    node_pool(&cluster, POOL, &["edge-1", "edge-2", "edge-3"]);
+    fake.create("v1/configmaps", leader_hub_config(POOL, &[&edge1, &edge2]))
+        .unwrap();
+    let port = free_port(&[
+        member("edge-1", 2),
+        member("edge-2", 3),
+        member("edge-3", 4),
+    ]);
+    let mut leaders = vec![
+        (edge1.node, start_member(&cluster, &edge1, port, &[])),
+        (edge2.node, start_member(&cluster, &edge2, port, &[])),
+    ];
+    let follower = start_member(&cluster, &edge3, port, &[]);
+    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
+    // Both leaders serve (their serving certificates issued) before the follower reads: until
+    // then it would read from the cloud, as it should.
+    let pki = fake.pki();
+    let as_follower = node_cert(pki, "edge-3");
+    for (m, (_, hub)) in [&edge1, &edge2].into_iter().zip(&leaders) {
+        until_leader_serves(hub, SocketAddr::new(m.ip, port), &pki.ca_pem, &as_follower).await;
+    }
+
+    // kube-proxy on the follower: a list answered by the follower's shared cache (fed by a
+    // leader), then a watch from it.
+    let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
+    let slices: Api<EndpointSlice> = Api::all(client);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let listed = loop {
+        let resp = support::get(follower.proxy, SLICES, "kube-proxy/v1.32.0").await;
+        if resp.status == 200 && resp.header("x-outpost-served-from") == Some("shared-cache") {
+            break resp.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served from the shared cache:\n{}",
+            follower.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let cloud = json!({"items": fake.list(SLICES_GVR, None)});
+    assert_eq!(names(&listed), names(&cloud), "the cloud's EndpointSlices");
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut events = slices
+        .watch(&WatchParams::default().timeout(290), &rv)
+        .await
+        .expect("watch through the follower")
+        .boxed();
+    let mut seen = Vec::new();
+    let mut next_added = async |seen: &mut Vec<String>, within: Duration| {
+        let event = tokio::time::timeout(within, events.try_next()).await;
+        match event {
+            Ok(Ok(Some(WatchEvent::Added(s)))) => seen.push(s.metadata.name.unwrap_or_default()),
+            other => panic!("expected an ADDED event, got {other:?}"),
+        }
+    };
+    fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
+    next_added(&mut seen, Duration::from_secs(10)).await;
+    assert_eq!(seen, ["web-3"]);
+
+    // The cloud: the pool's EndpointSlices are watched by leaders only, once each at most.
+    let watches = cloud_slice_watches(&cluster);
+    assert!(
+        !watches.iter().any(|u| u == "system:node:edge-3"),
+        "the follower watched the cloud itself: {watches:?}"
+    );
+    for leader in ["system:node:edge-1", "system:node:edge-2"] {
+        assert!(
+            watches.iter().filter(|u| *u == leader).count() <= 1,
+            "{watches:?}"
+        );
+    }
+    assert!(!watches.is_empty(), "the leader watches the cloud");
+    let feeding = watch_feed_leader(&follower).expect("the follower's watch is fed by a leader");
+    let served = "outpost_pool_port_requests_total{outcome=\"served\"}";
+    let serving = leaders
+        .iter()
+        .position(|(node, _)| *node == feeding)
+        .unwrap();
+    let (killed, hub) = leaders.remove(serving);
+    let (_, survivor) = &leaders[0];
+    let before = metric(survivor, served).await;
+
+    // kill -9 the leader serving the follower, and change the cloud at once.
+    hub.signal("KILL");
+    let killed_at = Instant::now();
+    fake.create(SLICES_GVR, endpoint_slice("web-4")).unwrap();
+    fake.create(SLICES_GVR, endpoint_slice("web-5")).unwrap();
+    next_added(&mut seen, Duration::from_secs(5)).await;
+    next_added(&mut seen, Duration::from_secs(5)).await;
+    let took = killed_at.elapsed();
+    assert_eq!(
+        seen,
+        ["web-3", "web-4", "web-5"],
+        "nothing missed, nothing twice"
+    );
+    assert!(took < Duration::from_secs(5), "failover took {took:?}");
+    assert!(
+        metric(survivor, served).await > before,
+        "the other leader took over from {killed}:\n{}",
+        follower.log_text()
+    );
+    let watches = cloud_slice_watches(&cluster);
+    assert!(
+        !watches.iter().any(|u| u == "system:node:edge-3"),
+        "the follower fell back to the cloud although a leader was left: {watches:?}"
+    );
+    assert_ne!(watch_feed_leader(&follower).as_deref(), Some(killed));
+    drop(hub);
 }

@@ -113,6 +113,7 @@ impl PoolSource {
                 Ok(resp) if resp.status().is_success() || resp.status() == StatusCode::GONE => {
                     health.answered(&leader);
                     self.count("leader", "ok");
+                    debug!(leader = %leader.node, path, "pool-scope feed from a leader hub");
                     let ends = leader_ends(
                         self.pool.view(),
                         self.pool.settings.node.clone(),
