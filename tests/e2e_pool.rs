@@ -545,4 +545,20 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     );
     assert_ne!(watch_feed_leader(&follower).as_deref(), Some(killed));
     drop(hub);
+
+    // No leader left: the cloud, within seconds, the same watch going on.
+    let (_, last) = leaders.remove(0);
+    last.signal("KILL");
+    let killed_at = Instant::now();
+    fake.create(SLICES_GVR, endpoint_slice("web-6")).unwrap();
+    next_added(&mut seen, Duration::from_secs(5)).await;
+    assert!(killed_at.elapsed() < Duration::from_secs(5));
+    assert_eq!(seen, ["web-3", "web-4", "web-5", "web-6"]);
+    let watches = cloud_slice_watches(&cluster);
+    assert_eq!(
+        watches.iter().filter(|u| *u == "system:node:edge-3").count(),
+        1,
+        "the follower watches the cloud itself now: {watches:?}"
+    );
+    drop(last);
 }
