@@ -43,6 +43,8 @@ const RBAC_MANIFEST: &str = concat!(
 );
 const ROLE: &str = "outpost";
 const HUB_CFG: &str = "yurt-hub-cfg";
+/// Pool sharing's ConfigMap for the suite's pool (`--nodepool-name=pool-a`).
+const LEADER_HUB: &str = "leader-hub-pool-a";
 
 // ---- the scenarios ---------------------------------------------------------------------------
 
@@ -575,6 +577,17 @@ async fn the_cluster_role_grants_exactly_the_hubs_own_calls() {
             "{mode}: the hub's config GET and watch are missing from its own calls:{}",
             lines(calls.iter().map(Call::described))
         );
+        // Pool sharing's ConfigMap, granted by the Role in kube-system.
+        let leader_hub = |verb: &str| {
+            calls
+                .iter()
+                .any(|c| c.verb == verb && c.resource == "configmaps" && c.name == LEADER_HUB)
+        };
+        assert!(
+            leader_hub("get") && leader_hub("watch"),
+            "{mode}: the leader-hub ConfigMap's GET and watch are missing:{}",
+            lines(calls.iter().map(Call::described))
+        );
     }
     let records: Vec<RequestRecord> = edge.into_iter().chain(cloud).collect();
     let own = own_calls(&records);
@@ -611,21 +624,23 @@ async fn the_cluster_role_grants_exactly_the_hubs_own_calls() {
         lines(kinds.iter().cloned())
     );
 
-    // The check has teeth: without the role the config calls are refused, and a grant no call
+    // The check has teeth: without the roles the config calls are refused, and a grant no call
     // needs is reported by name.
     let without_role: Vec<Value> = objects
         .iter()
-        .filter(|o| o["kind"] != "ClusterRole")
+        .filter(|o| o["kind"] != "ClusterRole" && o["kind"] != "Role")
         .cloned()
         .collect();
     let verdict = audit(&own, &without_role);
-    assert!(
-        verdict
-            .denied
-            .iter()
-            .any(|d| d.contains("configmaps name=yurt-hub-cfg")),
-        "{verdict:?}"
-    );
+    for config_map in [HUB_CFG, LEADER_HUB] {
+        assert!(
+            verdict
+                .denied
+                .iter()
+                .any(|d| d.contains(&format!("configmaps name={config_map}"))),
+            "{verdict:?}"
+        );
+    }
     let mut broader = objects.clone();
     let role = broader
         .iter_mut()
