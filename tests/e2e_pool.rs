@@ -253,6 +253,23 @@ fn cloud_slice_watches(cluster: &Cluster) -> Vec<String> {
         .collect()
 }
 
+/// Polls (bounded) until the follower's shared cache answers a LIST of EndpointSlices.
+async fn until_follower_shares(follower: &HubProcess) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = support::get(follower.proxy, SLICES, "kube-proxy/v1.32.0").await;
+        if resp.status == 200 && resp.header("x-outpost-served-from") == Some("shared-cache") {
+            return resp.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served from the shared cache:\n{}",
+            follower.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The leader the follower's EndpointSlice watch was last opened on, from its log.
 fn watch_feed_leader(follower: &HubProcess) -> Option<String> {
     let log = follower.log_text();
@@ -460,19 +477,7 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     // leader), then a watch from it.
     let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
     let slices: Api<EndpointSlice> = Api::all(client);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let listed = loop {
-        let resp = support::get(follower.proxy, SLICES, "kube-proxy/v1.32.0").await;
-        if resp.status == 200 && resp.header("x-outpost-served-from") == Some("shared-cache") {
-            break resp.json();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never served from the shared cache:\n{}",
-            follower.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let listed = until_follower_shares(&follower).await;
     let cloud = json!({"items": fake.list(SLICES_GVR, None)});
     assert_eq!(names(&listed), names(&cloud), "the cloud's EndpointSlices");
     let rv = listed["metadata"]["resourceVersion"]
@@ -556,9 +561,112 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     assert_eq!(seen, ["web-3", "web-4", "web-5", "web-6"]);
     let watches = cloud_slice_watches(&cluster);
     assert_eq!(
-        watches.iter().filter(|u| *u == "system:node:edge-3").count(),
+        watches
+            .iter()
+            .filter(|u| *u == "system:node:edge-3")
+            .count(),
         1,
         "the follower watches the cloud itself now: {watches:?}"
     );
     drop(last);
+}
+
+/// Step 5: while the cloud is gone the pool keeps one view: the follower's feed keeps reading
+/// the leader's copy (served from the leader's cache), so its readers' watches stay open (a
+/// hub fed by the cloud ends them, and answers from its own copy), and it converges after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_keeps_the_leaders_view_while_the_cloud_is_gone() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    for name in ["web-1", "web-2"] {
+        fake.create(SLICES_GVR, endpoint_slice(name)).unwrap();
+    }
+    let (edge1, edge2) = (member("edge-1", 2), member("edge-2", 3));
+    node_pool(&cluster, POOL, &["edge-1", "edge-2"]);
+    fake.create("v1/configmaps", leader_hub_config(POOL, &[&edge1]))
+        .unwrap();
+    let port = free_port(&[member("edge-1", 2), member("edge-2", 3)]);
+    let leader = start_member(&cluster, &edge1, port, &[]);
+    let follower = start_member(&cluster, &edge2, port, &[]);
+    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
+    let pki = fake.pki();
+    let as_follower = node_cert(pki, "edge-2");
+    until_leader_serves(
+        &leader,
+        SocketAddr::new(edge1.ip, port),
+        &pki.ca_pem,
+        &as_follower,
+    )
+    .await;
+    let listed = until_follower_shares(&follower).await;
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
+    let slices: Api<EndpointSlice> = Api::all(client);
+    let mut events = slices
+        .watch(&WatchParams::default().timeout(120), &rv)
+        .await
+        .unwrap()
+        .boxed();
+
+    let feeds_before = follower
+        .log_text()
+        .matches("pool-scope feed from a leader hub")
+        .count();
+    fake.refuse_connections();
+    until_metric(&leader, "outpost_cloud_online", 0.0).await;
+    until_metric(&follower, "outpost_cloud_online", 0.0).await;
+    // The leader's feed broke, which ended its watches; the follower watches its copy again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while follower
+        .log_text()
+        .matches("pool-scope feed from a leader hub")
+        .count()
+        == feeds_before
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the follower no longer reads the leader:\n{}",
+            follower.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !support::ends_without_changes(&mut events, Duration::from_secs(5)).await,
+        "the follower's reader lost its watch while the cloud is gone\n{}",
+        follower.log_text()
+    );
+    let offline = support::get(follower.proxy, SLICES, "kube-proxy/v1.32.0").await;
+    assert_eq!(
+        offline.header("x-outpost-served-from"),
+        Some("shared-cache")
+    );
+    assert_eq!(names(&offline.json()), names(&listed), "the leader's view");
+
+    // The cloud is back, with a change: the pool converges on it.
+    fake.restore().await;
+    fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
+    let cloud = json!({"items": fake.list(SLICES_GVR, None)});
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let resp = support::get(follower.proxy, SLICES, "kube-proxy/v1.32.0").await;
+        if resp.header("x-outpost-served-from") == Some("shared-cache")
+            && names(&resp.json()) == names(&cloud)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never converged:\n{}",
+            follower.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let watches = cloud_slice_watches(&cluster);
+    assert!(
+        !watches.iter().any(|u| u == "system:node:edge-2"),
+        "the follower watched the cloud itself: {watches:?}"
+    );
 }
