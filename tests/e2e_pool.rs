@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::{Api, WatchEvent, WatchParams};
 use outpost_testkit::{CertPair, TestPki};
 use serde_json::{Value, json};
 use support::{Cluster, HubProcess, RawResponse, eventually, kube_client, metrics_text, sample};
@@ -273,11 +273,11 @@ async fn until_follower_shares(follower: &HubProcess) -> Value {
 /// The leader the follower's EndpointSlice watch was last opened on, from its log.
 fn watch_feed_leader(follower: &HubProcess) -> Option<String> {
     let log = follower.log_text();
-    let line = log
-        .lines()
-        .filter(|l| l.contains("pool-scope feed from a leader hub"))
-        .filter(|l| l.contains("endpointslices") && l.contains("watch=true"))
-        .last()?;
+    let line = log.lines().rev().find(|l| {
+        l.contains("pool-scope feed from a leader hub")
+            && l.contains("endpointslices")
+            && l.contains("watch=true")
+    })?;
     let start = line.find("leader=")? + "leader=".len();
     Some(line[start..].split_whitespace().next()?.to_owned())
 }

@@ -105,7 +105,7 @@ impl PoolSource {
     }
 
     /// The first leader that answers `path`, if any.
-    async fn from_leaders(&self, view: &PoolView, path: &str) -> Option<Opened> {
+    async fn ask_leaders(&self, view: &PoolView, path: &str) -> Option<Opened> {
         let health = &self.pool.leaders;
         for leader in health.candidates(&view.leaders) {
             match self.send(&leader, path).await {
@@ -178,7 +178,7 @@ impl Source for PoolSource {
         Box::pin(async move {
             let view = self.pool.view.borrow().clone();
             let follower = view.role(&self.pool.settings.node) == Role::Follower;
-            if follower && let Some(opened) = self.from_leaders(&view, path).await {
+            if follower && let Some(opened) = self.ask_leaders(&view, path).await {
                 return Ok(opened);
             }
             self.set_current(None);
