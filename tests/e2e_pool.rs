@@ -12,7 +12,6 @@
 mod support;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -21,7 +20,6 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use outpost_testkit::{CertPair, TestPki};
 use serde_json::{Value, json};
 use support::{Cluster, HubProcess, RawResponse, eventually, kube_client, metrics_text, sample};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const POOL: &str = "pool-a";
 const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
@@ -165,47 +163,8 @@ async fn leader_get(
     client: Option<&CertPair>,
     path: &str,
 ) -> Result<RawResponse, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-    let config = match client {
-        Some(pair) => {
-            let chain = CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes())
-                .collect::<Result<Vec<_>, _>>()
-                .unwrap();
-            let key = PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes()).unwrap();
-            builder.with_client_auth_cert(chain, key).unwrap()
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let name = ServerName::IpAddress(addr.ip().into());
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("TLS handshake: {e}"))?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: test\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    );
-    tls.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut buf)).await;
-    match read {
-        Ok(Ok(_)) => {}
-        Ok(Err(_)) if !buf.is_empty() => {}
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err("no answer within 30 s".into()),
-    }
-    Ok(RawResponse::parse(&buf))
+    let connector = support::tls_client_as(ca_pem, client);
+    support::https_get_with(connector, addr, path, "test", None).await
 }
 
 /// Polls (bounded) until the leader's port answers a member's LIST.

@@ -559,15 +559,32 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 
 /// A TLS client that trusts only the cluster CA, as a pod's service-account `ca.crt` does.
 pub fn tls_client(ca_pem: &str) -> tokio_rustls::TlsConnector {
+    tls_client_as(ca_pem, None)
+}
+
+/// [`tls_client`], presenting `client` (a certificate and its key) when given.
+pub fn tls_client_as(
+    ca_pem: &str,
+    client: Option<&outpost_testkit::CertPair>,
+) -> tokio_rustls::TlsConnector {
     use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
     }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let config = match client {
+        Some(pair) => {
+            let chain = CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(pair.key_pem.as_bytes()).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
 
@@ -579,11 +596,22 @@ pub async fn https_get(
     user_agent: &str,
     token: Option<&str>,
 ) -> Result<RawResponse, String> {
+    https_get_with(tls_client(ca_pem), addr, path, user_agent, token).await
+}
+
+/// [`https_get`] through `connector` (which may present a client certificate).
+pub async fn https_get_with(
+    connector: tokio_rustls::TlsConnector,
+    addr: SocketAddr,
+    path: &str,
+    user_agent: &str,
+    token: Option<&str>,
+) -> Result<RawResponse, String> {
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
-    let mut tls = tls_client(ca_pem)
+    let mut tls = connector
         .connect(name, tcp)
         .await
         .map_err(|e| format!("TLS handshake: {e}"))?;

@@ -17,21 +17,19 @@
 pub mod port;
 pub mod source;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use outpost_cache::Store;
 use outpost_filter::side::{NodePoolEntry, resolve_pool_name};
 use outpost_proxy::Metrics;
-use outpost_proxy::feed::{Handler, ListHead};
 use outpost_proxy::upstream::Upstream;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::side::hubcfg::{ConfigWatch, HubCfg};
-use crate::side::reflector::Reflector;
+use crate::side::reflector::{OneObject, Reflector};
 use crate::supervisor::Supervisor;
 
 /// yurthub's `--multiplexer-port` default.
@@ -182,7 +180,7 @@ impl PoolSharing {
                     path,
                     upstream.clone(),
                     store.cloned(),
-                    PoolLabel(pool),
+                    OneObject(move |node: Option<&[u8]>| set_pool_label(&pool, node)),
                 );
                 tasks.spawn("pool label", reflector.run(tasks.stopping()));
             }
@@ -279,7 +277,8 @@ impl PoolSharing {
             let path = format!(
                 "/apis/apps.openyurt.io/v1beta1/nodepools?fieldSelector=metadata.name%3D{pool}"
             );
-            let members = Members(self.members.clone());
+            let sender = self.members.clone();
+            let members = OneObject(move |pool: Option<&[u8]>| set_members(&sender, pool));
             let reflector = Reflector::new(
                 "pool-members",
                 path,
@@ -334,65 +333,33 @@ impl PoolSharing {
 }
 
 /// This Node's pool label, when `--nodepool-name` is not given.
-struct PoolLabel(watch::Sender<Option<String>>);
-
-impl PoolLabel {
-    fn set(&self, node: Option<&[u8]>) {
-        match resolve_pool_name(None, node) {
-            Ok(pool) => {
-                self.0.send_if_modified(|current| {
-                    let changed = *current != pool;
-                    *current = pool.clone();
-                    changed
-                });
-            }
-            Err(e) => warn!(error = %e, "pool sharing: cannot read this node's pool label"),
+fn set_pool_label(pool: &watch::Sender<Option<String>>, node: Option<&[u8]>) {
+    match resolve_pool_name(None, node) {
+        Ok(name) => {
+            pool.send_if_modified(|current| {
+                let changed = *current != name;
+                *current = name.clone();
+                changed
+            });
         }
-    }
-}
-
-impl Handler for PoolLabel {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
-        self.set(objects.values().next().map(|b| &b[..]));
-    }
-    fn upsert(&mut self, object: &[u8]) {
-        self.set(Some(object));
-    }
-    fn remove(&mut self, _object: &[u8]) {
-        self.set(None);
+        Err(e) => warn!(error = %e, "pool sharing: cannot read this node's pool label"),
     }
 }
 
 /// The pool's members, from its NodePool's `status.nodes`.
-struct Members(watch::Sender<Arc<BTreeSet<String>>>);
-
-impl Members {
-    fn set(&self, pool: Option<&[u8]>) {
-        let nodes: BTreeSet<String> = pool
-            .and_then(|p| NodePoolEntry::from_json(p).ok())
-            .map(|p| p.nodes.into_iter().collect())
-            .unwrap_or_default();
-        self.0.send_if_modified(|current| {
-            let changed = **current != nodes;
-            if changed {
-                info!(nodes = nodes.len(), "pool members");
-                *current = Arc::new(nodes.clone());
-            }
-            changed
-        });
-    }
-}
-
-impl Handler for Members {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
-        self.set(objects.values().next().map(|b| &b[..]));
-    }
-    fn upsert(&mut self, object: &[u8]) {
-        self.set(Some(object));
-    }
-    fn remove(&mut self, _object: &[u8]) {
-        self.set(None);
-    }
+fn set_members(members: &watch::Sender<Arc<BTreeSet<String>>>, pool: Option<&[u8]>) {
+    let nodes: BTreeSet<String> = pool
+        .and_then(|p| NodePoolEntry::from_json(p).ok())
+        .map(|p| p.nodes.into_iter().collect())
+        .unwrap_or_default();
+    members.send_if_modified(|current| {
+        let changed = **current != nodes;
+        if changed {
+            info!(nodes = nodes.len(), "pool members");
+            *current = Arc::new(nodes.clone());
+        }
+        changed
+    });
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::hubcfg::HubCfg;
 use super::own::SyncState;
-use super::reflector::Reflector;
+use super::reflector::{OneObject, Reflector};
 use crate::supervisor::Supervisor;
 
 /// The filter flags and the node facts filters depend on.
@@ -117,10 +117,13 @@ impl SideData {
         }
         let pool_flag = settings.pool_name.as_deref().filter(|p| !p.is_empty());
         if needs.pool_name && pool_flag.is_none() {
+            let ctx = self.ctx.clone();
             sources.push((
                 "node",
                 format!("/api/v1/nodes?fieldSelector=metadata.name%3D{node}"),
-                Box::new(PoolLabel(self.ctx.clone())),
+                Box::new(OneObject(move |node: Option<&[u8]>| {
+                    set_pool_label(&ctx, node)
+                })),
             ));
         }
         sources
@@ -277,38 +280,22 @@ impl Handler for Buckets {
 }
 
 /// This Node's `apps.openyurt.io/nodepool` label, when `--nodepool-name` is not given.
-struct PoolLabel(watch::Sender<Arc<FilterContext>>);
-
-impl PoolLabel {
-    fn set(&self, node: Option<&[u8]>) {
-        let pool = match resolve_pool_name(None, node) {
-            Ok(pool) => pool,
-            Err(e) => {
-                warn!(error = %e, "cannot read this node's pool label");
-                return;
-            }
-        };
-        self.0.send_if_modified(|c| {
-            if c.pool_name() == pool.as_deref() {
-                return false;
-            }
-            info!(pool = ?pool, "node pool (from the node's label)");
-            Arc::make_mut(c).set_pool_name(pool);
-            true
-        });
-    }
-}
-
-impl Handler for PoolLabel {
-    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
-        self.set(objects.values().next().map(|b| &b[..]));
-    }
-    fn upsert(&mut self, object: &[u8]) {
-        self.set(Some(object));
-    }
-    fn remove(&mut self, _object: &[u8]) {
-        self.set(None);
-    }
+fn set_pool_label(ctx: &watch::Sender<Arc<FilterContext>>, node: Option<&[u8]>) {
+    let pool = match resolve_pool_name(None, node) {
+        Ok(pool) => pool,
+        Err(e) => {
+            warn!(error = %e, "cannot read this node's pool label");
+            return;
+        }
+    };
+    ctx.send_if_modified(|c| {
+        if c.pool_name() == pool.as_deref() {
+            return false;
+        }
+        info!(pool = ?pool, "node pool (from the node's label)");
+        Arc::make_mut(c).set_pool_name(pool);
+        true
+    });
 }
 
 /// Keeps the filters' components in step with `yurt-hub-cfg`.

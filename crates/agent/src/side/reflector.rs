@@ -109,6 +109,22 @@ impl Source for Cloud {
     }
 }
 
+/// The handler of a list that holds one object (selected by name): `set` gets the object after
+/// every change, or `None` once it is gone.
+pub struct OneObject<F>(pub F);
+
+impl<F: FnMut(Option<&[u8]>) + Send + Sync + 'static> Handler for OneObject<F> {
+    fn replace(&mut self, objects: &BTreeMap<String, Bytes>, _list: &ListHead) {
+        (self.0)(objects.values().next().map(|b| &b[..]));
+    }
+    fn upsert(&mut self, object: &[u8]) {
+        (self.0)(Some(object));
+    }
+    fn remove(&mut self, _object: &[u8]) {
+        (self.0)(None);
+    }
+}
+
 /// One resource kept in sync.
 pub struct Reflector<H> {
     /// For logs, readiness and the cache document (`side/<name>`).
