@@ -326,6 +326,15 @@ async fn readiness_names_a_configuration_it_cannot_read() {
             "outpost",
         )
         .expect("the e2e cluster carries the hub's binding");
+    // Pool sharing's Role grants kube-system's ConfigMaps too (manifests/cluster/rbac.yaml).
+    cluster
+        .fake
+        .delete(
+            "rbac.authorization.k8s.io/v1/rolebindings",
+            Some("kube-system"),
+            "outpost-leader-hub",
+        )
+        .expect("the e2e cluster carries the hub's pool-sharing binding");
     let hub = start_hub(&cluster, &[]);
     // At first "not read yet", then the reason the read fails.
     let body = until_readyz(&hub, 500, "403").await;

@@ -58,6 +58,8 @@ pub async fn run(port: Arc<LeaderPort>, mut shutdown: watch::Receiver<bool>) {
     let mut view = port.pool.view();
     // The open port's address, and what closes it when dropped.
     let mut open: Option<(SocketAddr, watch::Sender<bool>)> = None;
+    // The address a failed bind was last logged for: once, not every retry.
+    let mut failed: Option<SocketAddr> = None;
     loop {
         let wanted = match port.pool.role() {
             Role::Leader(ip) => Some(SocketAddr::new(ip, port.pool.settings.port)),
@@ -69,7 +71,17 @@ pub async fn run(port: Arc<LeaderPort>, mut shutdown: watch::Receiver<bool>) {
                 info!(%addr, "leader hub port closed: no longer a leader");
             }
             if let Some(addr) = wanted {
-                open = port.clone().open(addr).await;
+                match port.clone().open(addr).await {
+                    Ok(serving) => {
+                        open = Some(serving);
+                        failed = None;
+                    }
+                    Err(e) if failed != Some(addr) => {
+                        warn!(%addr, error = %e, "cannot open the leader hub port; trying again every 5 s");
+                        failed = Some(addr);
+                    }
+                    Err(_) => {}
+                }
             }
         }
         let retry = wanted.is_some() && open.is_none();
@@ -85,16 +97,12 @@ pub async fn run(port: Arc<LeaderPort>, mut shutdown: watch::Receiver<bool>) {
 }
 
 impl LeaderPort {
-    /// Binds `addr` and serves on it until the returned sender says stop; `None` (logged) when
-    /// the address cannot be bound.
-    async fn open(self: Arc<Self>, addr: SocketAddr) -> Option<(SocketAddr, watch::Sender<bool>)> {
-        let listener = match TcpListener::bind(addr).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                warn!(%addr, error = %e, "cannot open the leader hub port; trying again");
-                return None;
-            }
-        };
+    /// Binds `addr` and serves on it until the returned sender says stop.
+    async fn open(
+        self: Arc<Self>,
+        addr: SocketAddr,
+    ) -> std::io::Result<(SocketAddr, watch::Sender<bool>)> {
+        let listener = TcpListener::bind(addr).await?;
         let (close, closed) = watch::channel(false);
         let metrics = &self.pool.metrics;
         let slots = Slots::new(
@@ -108,7 +116,7 @@ impl LeaderPort {
         let handle = move |req| served.clone().handle(req);
         tokio::spawn(server::serve_tls(listener, slots, acceptor, handle, closed));
         info!(%addr, "leader hub port open: serving the pool's shared cache");
-        Some((addr, close))
+        Ok((addr, close))
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
