@@ -203,11 +203,16 @@ fn names(list: &Value) -> Vec<String> {
 
 /// The cloud's watches of EndpointSlices, by user.
 fn cloud_slice_watches(cluster: &Cluster) -> Vec<String> {
+    cloud_watches(cluster, "endpointslices")
+}
+
+/// The cloud's watches of `resource`, by user.
+fn cloud_watches(cluster: &Cluster, resource: &str) -> Vec<String> {
     cluster
         .fake
         .requests()
         .into_iter()
-        .filter(|r| r.verb == "watch" && r.resource == "endpointslices")
+        .filter(|r| r.verb == "watch" && r.resource == resource)
         .map(|r| r.user)
         .collect()
 }
@@ -422,15 +427,15 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
         (edge1.node, start_member(&cluster, &edge1, port, &[])),
         (edge2.node, start_member(&cluster, &edge2, port, &[])),
     ];
-    let follower = start_member(&cluster, &edge3, port, &[]);
-    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
-    // Both leaders serve (their serving certificates issued) before the follower reads: until
+    // Both leaders serve (their serving certificates issued) before the follower starts: until
     // then it would read from the cloud, as it should.
     let pki = fake.pki();
     let as_follower = node_cert(pki, "edge-3");
     for (m, (_, hub)) in [&edge1, &edge2].into_iter().zip(&leaders) {
         until_leader_serves(hub, SocketAddr::new(m.ip, port), &pki.ca_pem, &as_follower).await;
     }
+    let follower = start_member(&cluster, &edge3, port, &[]);
+    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
 
     // kube-proxy on the follower: a list answered by the follower's shared cache (fed by a
     // leader), then a watch from it.
@@ -460,11 +465,17 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     next_added(&mut seen, Duration::from_secs(10)).await;
     assert_eq!(seen, ["web-3"]);
 
-    // The cloud: the pool's EndpointSlices are watched by leaders only, once each at most.
+    // The cloud: the pool's EndpointSlices are watched by leaders only, once each at most; the
+    // follower's Services (its filters') come from a leader too.
     let watches = cloud_slice_watches(&cluster);
     assert!(
         !watches.iter().any(|u| u == "system:node:edge-3"),
         "the follower watched the cloud itself: {watches:?}"
+    );
+    let service_watches = cloud_watches(&cluster, "services");
+    assert!(
+        !service_watches.iter().any(|u| u == "system:node:edge-3"),
+        "the follower watched Services in the cloud: {service_watches:?}"
     );
     for leader in ["system:node:edge-1", "system:node:edge-2"] {
         assert!(
@@ -546,17 +557,12 @@ async fn the_pool_keeps_the_leaders_view_while_the_cloud_is_gone() {
         .unwrap();
     let port = free_port(&[member("edge-1", 2), member("edge-2", 3)]);
     let leader = start_member(&cluster, &edge1, port, &[]);
-    let follower = start_member(&cluster, &edge2, port, &[]);
-    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
     let pki = fake.pki();
     let as_follower = node_cert(pki, "edge-2");
-    until_leader_serves(
-        &leader,
-        SocketAddr::new(edge1.ip, port),
-        &pki.ca_pem,
-        &as_follower,
-    )
-    .await;
+    let addr = SocketAddr::new(edge1.ip, port);
+    until_leader_serves(&leader, addr, &pki.ca_pem, &as_follower).await;
+    let follower = start_member(&cluster, &edge2, port, &[]);
+    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
     let listed = until_follower_shares(&follower).await;
     let rv = listed["metadata"]["resourceVersion"]
         .as_str()

@@ -93,7 +93,15 @@ impl Hub {
         let cloud = (&states, &upstream);
         let (node, edge_mode) = (&config.node_name, edge.is_some());
         let heartbeat = health::start(node, &config.health, edge_mode, cloud, &metrics, &tasks);
-        let settings = side_settings(&config, &ports);
+        let pool = config
+            .pool_sharing
+            .clone()
+            .filter(|_| !config.pool_scope.is_empty())
+            .map(|settings| {
+                let store = edge.as_ref().map(|e| e.store().clone());
+                pool::PoolSharing::start(settings, &upstream, store.as_ref(), &metrics, &tasks)
+            });
+        let settings = side_settings(&config, &ports, pool.as_ref());
         let side = side::start(&settings, &upstream, edge.as_ref(), &metrics, &tasks);
         let autonomy = kubelet_autonomy(
             &config,
@@ -104,14 +112,6 @@ impl Hub {
             &tasks,
         )
         .await;
-        let pool = config
-            .pool_sharing
-            .clone()
-            .filter(|_| !config.pool_scope.is_empty())
-            .map(|settings| {
-                let store = edge.as_ref().map(|e| e.store().clone());
-                pool::PoolSharing::start(settings, &upstream, store.as_ref(), &metrics, &tasks)
-            });
         let multiplexer = shared_cache(
             &config,
             cloud,
@@ -372,13 +372,21 @@ fn admin(
     })
 }
 
-/// What the side data is started with.
-fn side_settings<'c>(config: &'c HubConfig, ports: &Ports) -> side::Settings<'c> {
+/// What the side data is started with. The filters' Services are read from the pool's leaders
+/// too when Services are pool-scope.
+fn side_settings<'c>(
+    config: &'c HubConfig,
+    ports: &Ports,
+    pool: Option<&Arc<pool::PoolSharing>>,
+) -> side::Settings<'c> {
+    let services = outpost_cache::Gvr::new("", "v1", "services");
+    let shared = config.pool_scope.iter().any(|r| r.gvr == services);
     side::Settings {
         node: &config.node_name,
         namespace: &config.namespace,
         filters: config.filters.as_ref(),
         secure_addr: ports.secure_addr(),
+        pool: pool.filter(|_| shared).cloned(),
     }
 }
 

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::side::hubcfg::{ConfigWatch, HubCfg};
+use crate::side::own::SyncState;
 use crate::side::reflector::{OneObject, Reflector};
 use crate::supervisor::Supervisor;
 
@@ -142,6 +143,8 @@ pub struct PoolSharing {
     view: watch::Sender<Arc<PoolView>>,
     /// The nodes of this hub's pool (its NodePool's `status.nodes`).
     members: watch::Sender<Arc<BTreeSet<String>>>,
+    /// Whether `leader-hub-<pool>` has been read (or found absent, or failed to be read) once.
+    known: watch::Sender<bool>,
     upstream: Arc<Upstream>,
     metrics: Metrics,
     /// Spreads the followers' feeds over the leaders, and remembers which failed lately.
@@ -161,6 +164,7 @@ impl PoolSharing {
             settings,
             view: watch::Sender::new(Arc::default()),
             members: watch::Sender::new(Arc::default()),
+            known: watch::Sender::new(false),
             upstream: upstream.clone(),
             metrics: metrics.clone(),
             leaders: source::LeaderHealth::default(),
@@ -173,6 +177,7 @@ impl PoolSharing {
                 pool.send_replace(Some(name));
             }
             None => {
+                let known = sharing.known.clone();
                 let node = &sharing.settings.node;
                 let path = format!("/api/v1/nodes?fieldSelector=metadata.name%3D{node}");
                 let reflector = Reflector::new(
@@ -180,7 +185,13 @@ impl PoolSharing {
                     path,
                     upstream.clone(),
                     store.cloned(),
-                    OneObject(move |node: Option<&[u8]>| set_pool_label(&pool, node)),
+                    OneObject(move |node: Option<&[u8]>| {
+                        set_pool_label(&pool, node);
+                        if pool.borrow().is_none() {
+                            // No pool: nothing more to read before deciding.
+                            known.send_replace(true);
+                        }
+                    }),
                 );
                 tasks.spawn("pool label", reflector.run(tasks.stopping()));
             }
@@ -195,6 +206,19 @@ impl PoolSharing {
     /// What `leader-hub-<pool>` says now, and its changes.
     pub fn view(&self) -> watch::Receiver<Arc<PoolView>> {
         self.view.subscribe()
+    }
+
+    /// Waits (at most `bound`) until `leader-hub-<pool>` has been read once, so that a feed
+    /// started with the hub asks the leaders rather than the cloud when there are leaders.
+    pub async fn until_known(&self, bound: std::time::Duration) {
+        let mut known = self.known.subscribe();
+        if tokio::time::timeout(bound, known.wait_for(|k| *k))
+            .await
+            .is_err()
+        {
+            // Not read in time (the cloud away, say): decide with what is known, from now on.
+            self.known.send_replace(true);
+        }
     }
 
     /// This hub's role now.
@@ -246,6 +270,12 @@ impl PoolSharing {
             store.clone(),
         );
         let mut changes = config.subscribe();
+        let mut read = config.sync_state();
+        let known = async {
+            if read.wait_for(|s| *s != SyncState::Pending).await.is_ok() {
+                self.known.send_replace(true);
+            }
+        };
         let apply = async {
             loop {
                 let cfg = changes.borrow_and_update().clone();
@@ -256,7 +286,7 @@ impl PoolSharing {
             }
         };
         let members = self.members_while_leader(pool, store, stop.clone());
-        tokio::join!(config.run(stop), members, apply);
+        tokio::join!(config.run(stop), members, apply, known);
     }
 
     /// The pool's members, from its NodePool, kept while this hub is a leader (who may read

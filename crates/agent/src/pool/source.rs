@@ -30,6 +30,9 @@ use tracing::{debug, info, warn};
 use super::{Leader, PoolSharing, PoolView, Role};
 use crate::side::reflector::{Cloud, Ends, Opened, Source};
 
+/// How long a feed started with the hub waits for `leader-hub-<pool>` before it decides
+/// where to read.
+const KNOWN_WITHIN: Duration = Duration::from_secs(5);
 /// A leader that failed is not asked again for this long.
 pub const COOL_DOWN: Duration = Duration::from_secs(10);
 /// A follower watching the cloud because no leader answered tries the leaders again after this.
@@ -176,6 +179,7 @@ impl PoolSource {
 impl Source for PoolSource {
     fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Opened, ProxyError>> {
         Box::pin(async move {
+            self.pool.until_known(KNOWN_WITHIN).await;
             let view = self.pool.view.borrow().clone();
             let follower = view.role(&self.pool.settings.node) == Role::Follower;
             if follower && let Some(opened) = self.ask_leaders(&view, path).await {

@@ -41,6 +41,14 @@ pub struct FilterSettings {
     pub node_buckets: bool,
 }
 
+/// Where the side data is read from: the cloud, and for Services (when pool-scope) the pool's
+/// leaders first.
+pub struct Sources<'a> {
+    pub upstream: &'a Arc<Upstream>,
+    pub store: Option<&'a Arc<dyn Store>>,
+    pub pool: Option<&'a Arc<crate::pool::PoolSharing>>,
+}
+
 /// The side data's sources: one reflector per kind of object the enabled filters need.
 pub struct SideData {
     ctx: watch::Sender<Arc<FilterContext>>,
@@ -53,8 +61,7 @@ impl SideData {
     pub fn start(
         node: &str,
         settings: &FilterSettings,
-        upstream: &Arc<Upstream>,
-        store: Option<&Arc<dyn Store>>,
+        from: &Sources<'_>,
         metrics: &Metrics,
         tasks: &Supervisor,
     ) -> (Arc<Filtering>, SideSync) {
@@ -77,7 +84,11 @@ impl SideData {
         let mut sync = SideSync::default();
         let sources = side.sources(node, settings, needs);
         for (name, path, handler) in sources {
-            let reflector = Reflector::new(name, path, upstream.clone(), store.cloned(), handler);
+            let (upstream, store) = (from.upstream.clone(), from.store.cloned());
+            let mut reflector = Reflector::new(name, path, upstream, store, handler);
+            if let (Some(pool), "services") = (from.pool, name) {
+                reflector.source = Box::new(pool.feed_source());
+            }
             sync.states.push((name, reflector.sync_state()));
             tasks.spawn("side data", reflector.run(tasks.stopping()));
         }

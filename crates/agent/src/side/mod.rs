@@ -50,6 +50,9 @@ pub struct Settings<'c> {
     /// Where the hub really listens for in-cluster clients (port 0 picks a free one, and the
     /// rewritten Services must point there).
     pub secure_addr: Option<SocketAddr>,
+    /// Pool sharing, when Services are pool-scope: the filters' Services come from the pool's
+    /// leaders too.
+    pub pool: Option<Arc<crate::pool::PoolSharing>>,
 }
 
 /// Starts `yurt-hub-cfg`'s watch and what follows it (the cache agents in edge mode, the
@@ -77,8 +80,12 @@ pub fn start(
                 settings.hub_port = addr.port();
             }
             let node = config.node;
-            let (filtering, sync) =
-                SideData::start(node, &settings, upstream, store.as_ref(), metrics, tasks);
+            let sources = filters::Sources {
+                upstream,
+                store: store.as_ref(),
+                pool: config.pool.as_ref(),
+            };
+            let (filtering, sync) = SideData::start(node, &settings, &sources, metrics, tasks);
             let apply = filters::apply_hub_cfg(cfg_watch.subscribe(), filtering.clone());
             tasks.spawn("filter settings", apply);
             (Some(filtering), sync)
