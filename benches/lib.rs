@@ -72,6 +72,7 @@ impl Upstream {
                     connect_timeout: Duration::from_secs(5),
                     request_timeout: Duration::from_secs(30),
                     tls: self.tls.clone(),
+                    http2: Default::default(),
                 },
             )
         }

@@ -186,7 +186,7 @@ fn connect(config: &HubConfig, metrics: &Metrics) -> (Arc<ServerStates>, Arc<Ups
     let upstream = Arc::new(Upstream::new(
         config.upstream.clone(),
         states.clone(),
-        metrics.upstream_connections.clone(),
+        metrics,
     ));
     (states, upstream)
 }

@@ -18,6 +18,7 @@ use outpost_certs::bootstrap::BootstrapToken;
 use outpost_core::request_info::parse_go_duration;
 use outpost_filter::FilterConfig;
 use outpost_proxy::multiplexer::{DEFAULT_POOL_SCOPE, PoolScopeResource};
+use outpost_proxy::upstream::Http2Config;
 use outpost_proxy::{LbMode, Server};
 
 /// Outpost: a node-local Kubernetes edge proxy, a drop-in for OpenYurt's yurthub.
@@ -256,6 +257,21 @@ pub struct HubFlags {
     /// How requests are spread over several servers.
     #[arg(long, value_enum, default_value = "rr")]
     pub lb_mode: LbModeFlag,
+    /// Outpost only: talk HTTP/1.1 to the apiservers (one connection per concurrent request),
+    /// as client-go does with `DISABLE_HTTP2`. By default the hub speaks HTTP/2 to a server
+    /// that offers it: every request over one connection per server.
+    #[arg(long, default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub disable_http2: bool,
+    /// Outpost only: seconds without a frame from an apiserver after which the hub PINGs its
+    /// HTTP/2 connection (client-go's `HTTP2_READ_IDLE_TIMEOUT_SECONDS`); 0 sends no PING.
+    #[arg(long, default_value_t = 30)]
+    pub http2_read_idle_timeout_seconds: u64,
+    /// Outpost only: seconds a PING may go unanswered before the connection is closed, ending
+    /// every request and watch on it, and the server is probed (client-go's
+    /// `HTTP2_PING_TIMEOUT_SECONDS`).
+    #[arg(long, default_value_t = 15)]
+    pub http2_ping_timeout_seconds: u64,
     /// Whether the hub answers in-cluster clients on the dummy interface's IP: when true it keeps
     /// `--dummy-if-name` (a dummy link, or `lo` on a kernel without them) holding `--dummy-if-ip`,
     /// checked every minute and removed at exit (needs CAP_NET_ADMIN; without it the hub says so
@@ -413,6 +429,8 @@ pub struct ValidatedHub {
     pub max_object_bytes: usize,
     pub identity: IdentitySource,
     pub lb_mode: LbMode,
+    /// `--disable-http2`, `--http2-read-idle-timeout-seconds`, `--http2-ping-timeout-seconds`.
+    pub http2: Http2Config,
     /// `--namespace`: where `yurt-hub-cfg` lives.
     pub namespace: String,
     pub health: HealthConfig,
@@ -458,6 +476,9 @@ impl HubFlags {
             );
         }
         let pool_scope = self.pool_scope()?;
+        if self.http2_read_idle_timeout_seconds > 0 && self.http2_ping_timeout_seconds == 0 {
+            return Err("--http2-ping-timeout-seconds must be at least 1".into());
+        }
         Ok(ValidatedHub {
             servers,
             node_name: node_name.clone(),
@@ -475,6 +496,11 @@ impl HubFlags {
             lb_mode: match self.lb_mode {
                 LbModeFlag::Rr => LbMode::RoundRobin,
                 LbModeFlag::Priority => LbMode::Priority,
+            },
+            http2: Http2Config {
+                enabled: !self.disable_http2,
+                read_idle_timeout: Duration::from_secs(self.http2_read_idle_timeout_seconds),
+                ping_timeout: Duration::from_secs(self.http2_ping_timeout_seconds),
             },
             namespace: self.namespace.clone(),
             filters: self.filter_settings(nodepool_name.clone(), dummy_if_ip),

@@ -118,6 +118,7 @@ async fn start_hub(
         connect_timeout: Duration::from_secs(5),
         request_timeout: Duration::from_secs(30),
         tls,
+        http2: Default::default(),
     };
     let hub = Hub::start(HubConfig {
         proxy_addr: "127.0.0.1:0".parse()?,

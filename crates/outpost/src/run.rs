@@ -75,6 +75,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
             tls,
+            http2: v.http2,
         },
         edge,
         namespace: v.namespace.clone(),

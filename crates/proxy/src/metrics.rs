@@ -20,6 +20,8 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     pub upstream_errors: IntCounterVec,
     pub upstream_connections: IntGaugeVec,
+    /// Open HTTP/2 streams to each apiserver.
+    pub upstream_streams: IntGaugeVec,
     pub response_bytes: IntCounterVec,
     pub latency: HistogramVec,
     pub client_cert_expiry: IntGaugeVec,
@@ -142,6 +144,12 @@ const IN_FLIGHT: Def = Def {
 const UPSTREAM_CONNECTIONS: Def = Def {
     name: "outpost_upstream_connections",
     help: "Open TCP connections to each apiserver, pooled or in use (see connections.rs).",
+    labels: &["server"],
+};
+
+const UPSTREAM_STREAMS: Def = Def {
+    name: "outpost_upstream_streams",
+    help: "Open HTTP/2 streams to each apiserver (requests and watches under way on its connections).",
     labels: &["server"],
 };
 
@@ -348,6 +356,7 @@ impl Metrics {
             requests: r.counters(REQUESTS),
             in_flight: r.gauges(IN_FLIGHT),
             upstream_connections: r.gauges(UPSTREAM_CONNECTIONS),
+            upstream_streams: r.gauges(UPSTREAM_STREAMS),
             upstream_errors: r.counters(UPSTREAM_ERRORS),
             response_bytes: r.counters(RESPONSE_BYTES),
             latency: r.histograms(LATENCY, LATENCY_BUCKETS),

@@ -20,6 +20,7 @@ pub fn hub_config(upstream: &str, tls: UpstreamTls, edge: Option<EdgeConfig>) ->
                 connect_timeout: Duration::from_secs(5),
                 request_timeout: Duration::from_secs(10),
                 tls,
+                http2: Default::default(),
             },
         )
     }

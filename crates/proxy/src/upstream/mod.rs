@@ -8,6 +8,10 @@
 //! [`Upstream::replace_tls`] swaps both clients when kubelet rotates the certificate the hub
 //! borrows (the node agent watches for that); requests already under way finish on the old ones.
 //! [`ServerStates`] ([`states`]) is which servers are healthy.
+//!
+//! Requests go over HTTP/2 when the server offers it ([`h2`]: one connection per server and
+//! identity, a second at the server's stream limit); upgrades (exec, attach, port-forward) and
+//! servers without HTTP/2 use the pooled HTTP/1.1 client, as does `--disable-http2`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -16,8 +20,8 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use outpost_certs::{IdentityInfo, UpstreamTls};
 use prometheus::IntGaugeVec;
@@ -26,9 +30,15 @@ use tokio::sync::watch;
 use crate::body::ProxyBody;
 use crate::connections::Counting;
 use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use h2::{Dispatch, H2Client};
+
+mod frames;
+pub mod h2;
 mod server;
 pub mod states;
 
+pub use h2::Http2Config;
 pub use server::{LbMode, Server, ServerAddrError};
 pub use states::ServerStates;
 
@@ -42,6 +52,7 @@ pub struct UpstreamConfig {
     /// Longest wait for response headers when the client set no shorter `?timeout=`.
     pub request_timeout: Duration,
     pub tls: UpstreamTls,
+    pub http2: Http2Config,
 }
 
 /// Which credentials the upstream request carries.
@@ -67,38 +78,80 @@ pub struct Upstream {
     request_timeout: Duration,
     /// Open connections per server, shared by every pool (see [`crate::connections`]).
     connections: IntGaugeVec,
+    /// Open HTTP/2 streams per server.
+    streams: IntGaugeVec,
+    http2: Http2Config,
 }
 
-/// The two clients built from one [`UpstreamTls`].
+/// The clients built from one [`UpstreamTls`]: HTTP/1.1 always, HTTP/2 unless disabled.
 struct Clients {
     node: HttpsClient,
     bearer: HttpsClient,
+    node_h2: Option<Arc<H2Client>>,
+    bearer_h2: Option<Arc<H2Client>>,
     tls: UpstreamTls,
 }
 
 impl Clients {
-    fn new(tls: UpstreamTls, connect_timeout: Duration, connections: &IntGaugeVec) -> Clients {
+    fn new(tls: UpstreamTls, upstream: &ClientSettings<'_>) -> Clients {
         let client = |config: &rustls::ClientConfig| {
-            https_client(config.clone(), connect_timeout, connections.clone())
+            https_client(
+                config.clone(),
+                upstream.connect_timeout,
+                upstream.connections.clone(),
+            )
+        };
+        let h2 = |config: &rustls::ClientConfig| {
+            upstream.http2.enabled.then(|| {
+                Arc::new(H2Client::new(
+                    *upstream.http2,
+                    config.clone(),
+                    Counting::new(
+                        tcp_connector(upstream.connect_timeout),
+                        upstream.connections.clone(),
+                    ),
+                    upstream.streams.clone(),
+                    upstream.states.clone(),
+                ))
+            })
         };
         Clients {
             node: client(&tls.with_identity),
             bearer: client(&tls.without_identity),
+            node_h2: h2(&tls.with_identity),
+            bearer_h2: h2(&tls.without_identity),
             tls,
         }
     }
 }
 
+/// What building [`Clients`] takes besides the TLS identity.
+struct ClientSettings<'a> {
+    connect_timeout: Duration,
+    connections: &'a IntGaugeVec,
+    streams: &'a IntGaugeVec,
+    http2: &'a Http2Config,
+    states: &'a Arc<ServerStates>,
+}
+
 impl Upstream {
     /// `states` holds the same servers as `config.servers`, with their health.
-    /// `connections`: where open connections are counted (`outpost_upstream_connections`).
-    pub fn new(
-        config: UpstreamConfig,
-        states: Arc<ServerStates>,
-        connections: IntGaugeVec,
-    ) -> Upstream {
+    /// `metrics`: where open connections and streams are counted
+    /// (`outpost_upstream_connections`, `outpost_upstream_streams`).
+    pub fn new(config: UpstreamConfig, states: Arc<ServerStates>, metrics: &Metrics) -> Upstream {
         let identity = watch::Sender::new(config.tls.identity.clone());
-        let clients = Clients::new(config.tls, config.connect_timeout, &connections);
+        let connections = metrics.upstream_connections.clone();
+        let streams = metrics.upstream_streams.clone();
+        let clients = Clients::new(
+            config.tls,
+            &ClientSettings {
+                connect_timeout: config.connect_timeout,
+                connections: &connections,
+                streams: &streams,
+                http2: &config.http2,
+                states: &states,
+            },
+        );
         Upstream {
             states,
             lb_mode: config.lb_mode,
@@ -108,6 +161,8 @@ impl Upstream {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
             connections,
+            streams,
+            http2: config.http2,
         }
     }
 
@@ -128,19 +183,60 @@ impl Upstream {
     /// Presents `tls` from the next request on: new clients with their own connection pools.
     pub fn replace_tls(&self, tls: UpstreamTls) {
         let identity = tls.identity.clone();
-        *self.clients.write().unwrap_or_else(|e| e.into_inner()) =
-            Clients::new(tls, self.connect_timeout, &self.connections);
+        let clients = Clients::new(
+            tls,
+            &ClientSettings {
+                connect_timeout: self.connect_timeout,
+                connections: &self.connections,
+                streams: &self.streams,
+                http2: &self.http2,
+                states: &self.states,
+            },
+        );
+        *self.clients.write().unwrap_or_else(|e| e.into_inner()) = clients;
         self.identity.send_replace(identity);
     }
 
-    /// Starts `req` on the current client for `identity`. The returned future owns what it
-    /// needs (hyper's client clones itself into it), so the lock is held only to start it.
-    fn start(&self, identity: Identity, req: Request<ProxyBody>) -> ResponseFuture {
+    /// The current clients for `identity`: HTTP/1.1, and HTTP/2 unless disabled. Cloned, so
+    /// the lock is held only to look.
+    fn clients_for(&self, identity: Identity) -> (HttpsClient, Option<Arc<H2Client>>) {
         let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
         match identity {
-            Identity::Node => clients.node.request(req),
-            Identity::Bearer => clients.bearer.request(req),
+            Identity::Node => (clients.node.clone(), clients.node_h2.clone()),
+            Identity::Bearer => (clients.bearer.clone(), clients.bearer_h2.clone()),
         }
+    }
+
+    /// One exchange: over HTTP/2 when the server speaks it and `req` is no upgrade (those
+    /// need HTTP/1.1 end to end), else over the pooled HTTP/1.1 client.
+    async fn start(
+        &self,
+        server: &Server,
+        identity: Identity,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let (http1, http2) = self.clients_for(identity);
+        let upgrade = req.headers().contains_key(http::header::UPGRADE);
+        let req = match http2 {
+            Some(h2) if !upgrade => match h2.dispatch(server, req).await {
+                Dispatch::Http2(answered) => return answered,
+                Dispatch::Http1(req) => req,
+            },
+            _ => req,
+        };
+        http1
+            .request(req)
+            .await
+            .map_err(|e| classify_client_error(server, e))
+    }
+
+    /// HTTP/2 connections open to `server` with the node's identity, as (open streams, the
+    /// server's stream limit) each; empty with HTTP/2 disabled.
+    pub fn http2_connections(&self, server: &Server) -> Vec<(usize, u32)> {
+        self.clients_for(Identity::Node)
+            .1
+            .map(|h2| h2.connections(server))
+            .unwrap_or_default()
     }
 
     pub fn states(&self) -> &Arc<ServerStates> {
@@ -198,9 +294,8 @@ impl Upstream {
         *req.uri_mut() = server
             .uri_for(&path_and_query)
             .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
-        match tokio::time::timeout(deadline, self.start(identity, req)).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify_client_error(server, e)),
+        match tokio::time::timeout(deadline, self.start(server, identity, req)).await {
+            Ok(answered) => answered,
             Err(_elapsed) => Err(ProxyError::Timeout {
                 server: server.label(),
                 after: deadline,
@@ -312,6 +407,20 @@ fn https_client(
     connect_timeout: Duration,
     connections: IntGaugeVec,
 ) -> HttpsClient {
+    // HTTP/1.1 only: exec/attach/port-forward need HTTP/1.1 upgrades end to end.
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .wrap_connector(Counting::new(tcp_connector(connect_timeout), connections));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(25)
+        .build(connector)
+}
+
+/// The TCP side of every upstream connection.
+fn tcp_connector(connect_timeout: Duration) -> HttpConnector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -321,16 +430,7 @@ fn https_client(
     http.set_keepalive(Some(Duration::from_secs(30)));
     http.set_keepalive_interval(Some(Duration::from_secs(10)));
     http.set_keepalive_retries(Some(3));
-    // HTTP/1.1 only: exec/attach/port-forward need HTTP/1.1 upgrades end to end.
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .wrap_connector(Counting::new(http, connections));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(25)
-        .build(connector)
+    http
 }
 
 /// Sorts a client error into unreachable (connect/TLS, or the connection lost before any

@@ -1,0 +1,397 @@
+//! Watches the HTTP/2 frames crossing one upstream connection, headers only, to know what
+//! hyper does not tell: the server's concurrent-stream limit (its SETTINGS), how many of our
+//! streams are open, and whether the server said GOAWAY.
+//!
+//! [`FrameTap`] wraps the TLS stream under hyper's HTTP/2 connection; every byte read or
+//! written is fed to a [`FrameReader`] per direction, which follows the 9-byte frame heads
+//! and skips payloads (a SETTINGS payload excepted). [`Tally`] is what the pool reads.
+//! A stream counts as open from the HEADERS that start it until the server ends it
+//! (END_STREAM) or either side resets it: the server's view of an open stream, as far as the
+//! limit goes.
+
+use std::collections::HashSet;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use prometheus::IntGauge;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_RST_STREAM: u8 = 0x3;
+const FRAME_SETTINGS: u8 = 0x4;
+const FRAME_GOAWAY: u8 = 0x7;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_ACK: u8 = 0x1;
+const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+/// The client connection preface (RFC 9113 §3.4) precedes our first frame.
+const CLIENT_PREFACE_LEN: usize = 24;
+/// SETTINGS payloads larger than this are not kept (a server sends a few dozen bytes).
+const MAX_SETTINGS_PAYLOAD: usize = 16 * 1024;
+/// What Go's transport assumes until the server's SETTINGS arrive.
+pub const INITIAL_MAX_STREAMS: u32 = 100;
+
+/// One frame's head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+/// Follows the frames of one direction of a connection, across arbitrary read boundaries.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    preface_left: usize,
+    head: [u8; 9],
+    head_len: usize,
+    /// Payload bytes still to skip (or keep) of the current frame.
+    payload_left: usize,
+    current: Option<FrameHead>,
+    kept: Option<Vec<u8>>,
+}
+
+impl FrameReader {
+    /// The reader of what the client writes: the preface first, then frames.
+    pub fn client_side() -> FrameReader {
+        FrameReader {
+            preface_left: CLIENT_PREFACE_LEN,
+            ..FrameReader::default()
+        }
+    }
+
+    /// Feeds the next bytes; `on_frame` gets every complete head, with the payload of a
+    /// SETTINGS frame (others get an empty one), once the payload has passed.
+    pub fn feed(&mut self, mut bytes: &[u8], mut on_frame: impl FnMut(FrameHead, &[u8])) {
+        let skip = self.preface_left.min(bytes.len());
+        self.preface_left -= skip;
+        bytes = &bytes[skip..];
+        while !bytes.is_empty() {
+            if self.current.is_none() {
+                let take = (9 - self.head_len).min(bytes.len());
+                self.head[self.head_len..self.head_len + take].copy_from_slice(&bytes[..take]);
+                self.head_len += take;
+                bytes = &bytes[take..];
+                if self.head_len < 9 {
+                    return;
+                }
+                self.start_frame();
+            }
+            let take = self.payload_left.min(bytes.len());
+            if let Some(kept) = &mut self.kept {
+                kept.extend_from_slice(&bytes[..take]);
+            }
+            self.payload_left -= take;
+            bytes = &bytes[take..];
+            if self.payload_left == 0
+                && let Some(head) = self.current.take()
+            {
+                let kept = self.kept.take().unwrap_or_default();
+                on_frame(head, &kept);
+            }
+        }
+    }
+
+    fn start_frame(&mut self) {
+        let h = self.head;
+        let length = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+        let head = FrameHead {
+            kind: h[3],
+            flags: h[4],
+            stream: u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff,
+        };
+        self.head_len = 0;
+        self.payload_left = length;
+        self.kept = (head.kind == FRAME_SETTINGS
+            && head.flags & FLAG_ACK == 0
+            && length <= MAX_SETTINGS_PAYLOAD)
+            .then(|| Vec::with_capacity(length));
+        self.current = Some(head);
+    }
+}
+
+/// The value of SETTINGS_MAX_CONCURRENT_STREAMS in a SETTINGS payload, if it sets one.
+fn max_streams_in(settings: &[u8]) -> Option<u32> {
+    settings
+        .chunks_exact(6)
+        .filter(|p| u16::from_be_bytes([p[0], p[1]]) == SETTINGS_MAX_CONCURRENT_STREAMS)
+        .map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+        .next_back()
+}
+
+/// What one connection carries, as the pool needs it.
+pub struct Tally {
+    streams: Mutex<Streams>,
+    max_streams: AtomicU32,
+    going_away: AtomicBool,
+    /// `outpost_upstream_streams{server}`.
+    gauge: IntGauge,
+}
+
+#[derive(Default)]
+struct Streams {
+    open: HashSet<u32>,
+    last_opened: u32,
+    /// Taken by a request about to be sent, not yet seen on the wire.
+    reserved: usize,
+}
+
+impl Tally {
+    pub fn new(gauge: IntGauge) -> Arc<Tally> {
+        Arc::new(Tally {
+            streams: Mutex::new(Streams::default()),
+            max_streams: AtomicU32::new(INITIAL_MAX_STREAMS),
+            going_away: AtomicBool::new(false),
+            gauge,
+        })
+    }
+
+    fn streams(&self) -> std::sync::MutexGuard<'_, Streams> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes a stream for one request if the server's limit leaves room for it; the
+    /// [`Reservation`] is held until the request's headers are on their way.
+    pub fn try_reserve(self: &Arc<Self>) -> Option<Reservation> {
+        if self.going_away.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut streams = self.streams();
+        let max = self.max_streams.load(Ordering::Relaxed) as usize;
+        (streams.open.len() + streams.reserved < max).then(|| {
+            streams.reserved += 1;
+            Reservation(self.clone())
+        })
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.streams().open.len()
+    }
+
+    pub fn max_streams(&self) -> u32 {
+        self.max_streams.load(Ordering::Relaxed)
+    }
+
+    pub fn going_away(&self) -> bool {
+        self.going_away.load(Ordering::Relaxed)
+    }
+
+    fn sent(&self, head: FrameHead) {
+        match head.kind {
+            FRAME_HEADERS => {
+                let mut streams = self.streams();
+                if head.stream > streams.last_opened {
+                    streams.last_opened = head.stream;
+                    streams.open.insert(head.stream);
+                    self.gauge.inc();
+                }
+            }
+            FRAME_RST_STREAM => self.closed(head.stream),
+            _ => {}
+        }
+    }
+
+    fn received(&self, head: FrameHead, payload: &[u8]) {
+        match head.kind {
+            FRAME_DATA | FRAME_HEADERS if head.flags & FLAG_END_STREAM != 0 => {
+                self.closed(head.stream)
+            }
+            FRAME_RST_STREAM => self.closed(head.stream),
+            FRAME_SETTINGS if head.flags & FLAG_ACK == 0 => {
+                if let Some(max) = max_streams_in(payload) {
+                    self.max_streams.store(max, Ordering::Relaxed);
+                }
+            }
+            FRAME_GOAWAY => self.going_away.store(true, Ordering::Relaxed),
+            _ => {}
+        }
+    }
+
+    fn closed(&self, stream: u32) {
+        if self.streams().open.remove(&stream) {
+            self.gauge.dec();
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let open = self.streams().open.len();
+        self.gauge.sub(open as i64);
+    }
+}
+
+/// A stream taken on a connection (see [`Tally::try_reserve`]).
+pub struct Reservation(Arc<Tally>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut streams = self.0.streams();
+        streams.reserved = streams.reserved.saturating_sub(1);
+    }
+}
+
+/// An I/O stream whose frames feed a [`Tally`].
+pub struct FrameTap<T> {
+    inner: T,
+    tally: Arc<Tally>,
+    reads: FrameReader,
+    writes: FrameReader,
+}
+
+impl<T> FrameTap<T> {
+    pub fn new(inner: T, tally: Arc<Tally>) -> FrameTap<T> {
+        FrameTap {
+            inner,
+            tally,
+            reads: FrameReader::default(),
+            writes: FrameReader::client_side(),
+        }
+    }
+
+    fn wrote(&mut self, bytes: &[u8]) {
+        let tally = &self.tally;
+        self.writes.feed(bytes, |head, _| tally.sent(head));
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FrameTap<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &polled {
+            let tally = &this.tally;
+            this.reads.feed(&buf.filled()[before..], |head, payload| {
+                tally.received(head, payload)
+            });
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FrameTap<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.wrote(&buf[..*n]);
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &polled {
+            let mut left = *n;
+            for buf in bufs {
+                let take = left.min(buf.len());
+                self.wrote(&buf[..take]);
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len() as u32;
+        let mut out = len.to_be_bytes()[1..].to_vec();
+        out.extend([kind, flags]);
+        out.extend(stream.to_be_bytes());
+        out.extend(payload);
+        out
+    }
+
+    #[test]
+    fn frames_are_followed_across_any_split() {
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(FRAME_SETTINGS, 0, 0, &[0, 3, 0, 0, 0, 7]));
+        wire.extend(frame(FRAME_HEADERS, 0x4, 1, &[1, 2, 3]));
+        wire.extend(frame(FRAME_DATA, FLAG_END_STREAM, 1, &[9; 40]));
+        for split in 1..wire.len() {
+            let mut reader = FrameReader::client_side();
+            let mut seen = Vec::new();
+            for chunk in wire.chunks(split) {
+                reader.feed(chunk, |h, p| seen.push((h, max_streams_in(p))));
+            }
+            let kinds: Vec<_> = seen.iter().map(|(h, m)| (h.kind, h.stream, *m)).collect();
+            assert_eq!(
+                kinds,
+                [
+                    (FRAME_SETTINGS, 0, Some(7)),
+                    (FRAME_HEADERS, 1, None),
+                    (FRAME_DATA, 1, None)
+                ],
+                "split every {split} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn streams_open_on_headers_and_close_when_the_server_ends_or_resets_them() {
+        let gauge = IntGauge::new("t", "t").unwrap();
+        let tally = Tally::new(gauge.clone());
+        let head = |kind, flags, stream| FrameHead {
+            kind,
+            flags,
+            stream,
+        };
+        tally.received(head(FRAME_SETTINGS, 0, 0), &[0, 3, 0, 0, 0, 2]);
+        assert_eq!(tally.max_streams(), 2);
+        let r1 = tally.try_reserve().expect("room for one");
+        tally.sent(head(FRAME_HEADERS, 0x5, 1));
+        drop(r1);
+        tally.sent(head(FRAME_HEADERS, 0x5, 3));
+        assert_eq!((tally.open_streams(), gauge.get()), (2, 2));
+        assert!(
+            tally.try_reserve().is_none(),
+            "the server's limit is reached"
+        );
+        tally.received(head(FRAME_DATA, FLAG_END_STREAM, 1), &[]);
+        tally.sent(head(FRAME_RST_STREAM, 0, 3));
+        assert_eq!((tally.open_streams(), gauge.get()), (0, 0));
+        tally.sent(head(FRAME_HEADERS, 0x5, 5));
+        tally.received(head(FRAME_GOAWAY, 0, 0), &[]);
+        assert!(tally.try_reserve().is_none(), "no new stream after GOAWAY");
+        drop(tally);
+        assert_eq!(
+            gauge.get(),
+            0,
+            "a dropped connection's streams are counted down"
+        );
+    }
+}

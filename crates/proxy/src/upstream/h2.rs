@@ -1,0 +1,291 @@
+//! HTTP/2 to the apiservers, as client-go speaks it: every request to one server over one
+//! connection, a second one only while the first is at the server's concurrent-stream limit.
+//!
+//! [`H2Client`] holds, per server, the connections it opened by hand with
+//! `hyper::client::conn::http2` (hyper-util's pooled client shares a single HTTP/2 connection per
+//! host and queues requests beyond the server's limit, which would hold a watch back for ever,
+//! and tells nothing about streams). Each connection's frames are followed by
+//! [`super::frames::FrameTap`], so the pool knows the server's limit and the open streams
+//! (`outpost_upstream_streams{server}`).
+//!
+//! TLS offers ALPN `h2` and `http/1.1`; a server that picks HTTP/1.1 is remembered and its
+//! requests go to the HTTP/1.1 client ([`Dispatch::Http1`]), as upgrades always do.
+//!
+//! A PING is sent after `--http2-read-idle-timeout-seconds` without a frame from the server
+//! (client-go's `ReadIdleTimeout`); unanswered within `--http2-ping-timeout-seconds` the
+//! connection is closed, which ends every stream on it at once (watches included), and the
+//! server is suspected ([`super::ServerStates::suspect`]): the prober looks at it now.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::{self, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus::IntGaugeVec;
+use rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
+use tracing::{debug, info, warn};
+
+use super::Server;
+use super::frames::{FrameTap, Reservation, Tally};
+use super::states::ServerStates;
+use crate::body::ProxyBody;
+use crate::connections::Counting;
+use crate::error::ProxyError;
+
+/// HTTP/2 settings of the upstream side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Config {
+    /// false: HTTP/1.1 only (`--disable-http2`, client-go's `DISABLE_HTTP2`).
+    pub enabled: bool,
+    /// A PING after this long without a frame from the server (client-go's 30 s
+    /// `ReadIdleTimeout`); zero sends none.
+    pub read_idle_timeout: Duration,
+    /// How long a PING may go unanswered before the connection is closed (client-go: 15 s).
+    pub ping_timeout: Duration,
+}
+
+impl Default for Http2Config {
+    fn default() -> Http2Config {
+        Http2Config {
+            enabled: true,
+            read_idle_timeout: Duration::from_secs(30),
+            ping_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Where a request goes.
+pub enum Dispatch {
+    /// Answered over HTTP/2 (or failed there).
+    Http2(Result<Response<Incoming>, ProxyError>),
+    /// The server speaks only HTTP/1.1: the request, untouched, for the HTTP/1.1 client.
+    Http1(Request<ProxyBody>),
+}
+
+/// The HTTP/2 connections of one identity to every server.
+pub struct H2Client {
+    config: Http2Config,
+    tls: TlsConnector,
+    tcp: Counting,
+    streams: IntGaugeVec,
+    states: Arc<ServerStates>,
+    pools: Mutex<HashMap<String, Arc<ServerPool>>>,
+}
+
+/// The connections to one server.
+#[derive(Default)]
+struct ServerPool {
+    conns: Mutex<Vec<Conn>>,
+    /// One dial at a time: requests arriving meanwhile wait for it rather than dial their own.
+    dialing: tokio::sync::Mutex<()>,
+    /// ALPN chose HTTP/1.1.
+    http1_only: AtomicBool,
+}
+
+#[derive(Clone)]
+struct Conn {
+    tx: SendRequest<ProxyBody>,
+    tally: Arc<Tally>,
+}
+
+/// What a dial gave.
+enum Dialed {
+    Http2(Conn),
+    Http1,
+}
+
+impl H2Client {
+    /// `tls` is the identity's configuration (its ALPN is set here); `tcp` the counted connector.
+    pub fn new(
+        config: Http2Config,
+        mut tls: rustls::ClientConfig,
+        tcp: Counting,
+        streams: IntGaugeVec,
+        states: Arc<ServerStates>,
+    ) -> H2Client {
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        H2Client {
+            config,
+            tls: TlsConnector::from(Arc::new(tls)),
+            tcp,
+            streams,
+            states,
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn pool(&self, server: &Server) -> Arc<ServerPool> {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.entry(server.label()).or_default().clone()
+    }
+
+    /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
+    /// speaks only HTTP/1.1.
+    pub async fn dispatch(&self, server: &Server, mut req: Request<ProxyBody>) -> Dispatch {
+        let pool = self.pool(server);
+        if pool.http1_only.load(Ordering::Relaxed) {
+            return Dispatch::Http1(req);
+        }
+        let (mut tx, reservation) = match self.checkout(server, &pool).await {
+            Ok(Some(taken)) => taken,
+            Ok(None) => return Dispatch::Http1(req),
+            Err(e) => return Dispatch::Http2(Err(e)),
+        };
+        *req.version_mut() = http::Version::HTTP_2;
+        let sent = tx.send_request(req).await;
+        drop(reservation);
+        Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e)))
+    }
+
+    /// A connection with room for one more stream, dialled if none has; `None` when the
+    /// server answered the dial with HTTP/1.1.
+    async fn checkout(
+        &self,
+        server: &Server,
+        pool: &ServerPool,
+    ) -> Result<Option<(SendRequest<ProxyBody>, Reservation)>, ProxyError> {
+        if let Some(taken) = pool.reserve() {
+            return Ok(Some(taken));
+        }
+        let _dialing = pool.dialing.lock().await;
+        if let Some(taken) = pool.reserve() {
+            return Ok(Some(taken));
+        }
+        match self.dial(server).await? {
+            Dialed::Http1 => {
+                info!(server = %server.label(), "the apiserver offers no HTTP/2; using HTTP/1.1");
+                pool.http1_only.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            Dialed::Http2(conn) => {
+                let reservation = conn.tally.try_reserve();
+                let mut conns = pool.conns.lock().unwrap_or_else(|e| e.into_inner());
+                conns.push(conn.clone());
+                debug!(server = %server.label(), connections = conns.len(), "HTTP/2 connection opened");
+                // A fresh connection has room unless the server allows no stream at all.
+                Ok(reservation.map(|r| (conn.tx, r)))
+            }
+        }
+    }
+
+    /// TCP, TLS with ALPN, and for `h2` the HTTP/2 handshake, its connection task spawned.
+    async fn dial(&self, server: &Server) -> Result<Dialed, ProxyError> {
+        let unreachable =
+            |cause: Box<dyn std::error::Error + Send + Sync>| ProxyError::Unreachable {
+                server: server.label(),
+                cause,
+            };
+        let uri = server
+            .uri_for("/")
+            .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
+        let name = server_name(&uri).map_err(|e| unreachable(e.into()))?;
+        let tcp = connect_tcp(self.tcp.clone(), uri)
+            .await
+            .map_err(unreachable)?;
+        let tls = self
+            .tls
+            .connect(name, TokioIo::new(tcp))
+            .await
+            .map_err(|e| unreachable(e.into()))?;
+        if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Ok(Dialed::Http1);
+        }
+        let label = server.label();
+        let tally = Tally::new(self.streams.with_label_values(&[label.as_str()]));
+        let io = TokioIo::new(FrameTap::new(tls, tally.clone()));
+        let (tx, connection) = self
+            .builder()
+            .handshake(io)
+            .await
+            .map_err(|e| unreachable(e.into()))?;
+        let states = self.states.clone();
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                // A PING unanswered, a reset: its streams have ended; let the prober look.
+                warn!(server = %server.label(), error = %e, "HTTP/2 connection failed; its requests and watches end");
+                states.suspect(&server, &format!("HTTP/2 connection failed: {e}"));
+            }
+        });
+        Ok(Dialed::Http2(Conn { tx, tally }))
+    }
+
+    fn builder(&self) -> http2::Builder<TokioExecutor> {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder.timer(TokioTimer::new());
+        if !self.config.read_idle_timeout.is_zero() {
+            builder
+                .keep_alive_interval(self.config.read_idle_timeout)
+                .keep_alive_timeout(self.config.ping_timeout)
+                .keep_alive_while_idle(true);
+        }
+        builder
+    }
+
+    /// Open HTTP/2 connections to `server` and the streams open on each (for tests and
+    /// the admin server's state dump).
+    pub fn connections(&self, server: &Server) -> Vec<(usize, u32)> {
+        let pool = self.pool(server);
+        let mut conns = pool.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(Conn::usable);
+        conns
+            .iter()
+            .map(|c| (c.tally.open_streams(), c.tally.max_streams()))
+            .collect()
+    }
+}
+
+impl ServerPool {
+    /// A stream on the first usable connection with room; closed connections are dropped.
+    fn reserve(&self) -> Option<(SendRequest<ProxyBody>, Reservation)> {
+        let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        conns.retain(Conn::usable);
+        conns
+            .iter()
+            .find_map(|c| c.tally.try_reserve().map(|r| (c.tx.clone(), r)))
+    }
+}
+
+impl Conn {
+    fn usable(&self) -> bool {
+        !self.tx.is_closed() && !self.tally.going_away()
+    }
+}
+
+async fn connect_tcp(
+    mut tcp: Counting,
+    uri: Uri,
+) -> Result<crate::connections::CountedIo, Box<dyn std::error::Error + Send + Sync>> {
+    use tower_service::Service;
+    std::future::poll_fn(|cx| tcp.poll_ready(cx)).await?;
+    tcp.call(uri).await
+}
+
+/// The name the server's certificate must carry: its IP address or DNS name.
+fn server_name(uri: &Uri) -> Result<ServerName<'static>, rustls::pki_types::InvalidDnsNameError> {
+    let host = uri.host().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    ServerName::try_from(host.to_owned())
+}
+
+/// A failed HTTP/2 exchange: a protocol violation in the answer is a bad reply; anything
+/// else (the connection closed or reset, the stream refused or reset, GOAWAY) lost the
+/// connection under the request.
+fn classify_h2_error(server: &Server, err: hyper::Error) -> ProxyError {
+    if err.is_parse() || err.is_parse_status() || err.is_user() {
+        ProxyError::BadReply {
+            server: server.label(),
+            cause: Box::new(err),
+        }
+    } else {
+        ProxyError::ConnectionLost {
+            server: server.label(),
+            cause: Box::new(err),
+        }
+    }
+}

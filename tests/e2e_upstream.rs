@@ -1,0 +1,295 @@
+//! The hub's side of the wire to the apiserver: HTTP/2 (every request over one connection, a
+//! second only at the server's stream limit, HTTP/1.1 when the server offers nothing else or
+//! `--disable-http2` says so), and the PING that finds a dead connection under quiet watches.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outpost_testkit::{FakeConfig, HttpVersion};
+use support::{Cluster, HubProcess, NODE, eventually, metrics_text, pod, read_head, sample};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
+
+/// A watch of the node's pods through the hub, kept open: its socket after the response head.
+async fn open_pod_watch(hub: &HubProcess) -> TcpStream {
+    let mut stream = TcpStream::connect(hub.proxy).await.expect("connect");
+    let req = format!(
+        "GET /api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&watch=true HTTP/1.1\r\nHost: {}\r\nUser-Agent: {KUBELET_UA}\r\nAccept: application/json\r\n\r\n",
+        hub.proxy
+    );
+    stream.write_all(req.as_bytes()).await.expect("write");
+    let head = read_head(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "watch refused: {head}");
+    stream
+}
+
+/// Reads `stream` until `needle` shows, within `within`.
+async fn sees(stream: &mut TcpStream, needle: &str, within: Duration) -> bool {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if String::from_utf8_lossy(&seen).contains(needle) {
+                return true;
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Whether `stream` reaches its end (EOF, the last chunk, or a reset) within `within`.
+async fn ends(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if seen.ends_with(b"0\r\n\r\n") {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// The node's connections the fake has open, per HTTP version.
+fn node_connections(cluster: &Cluster) -> (usize, usize) {
+    let user = format!("system:node:{NODE}");
+    let open: Vec<_> = cluster
+        .fake
+        .connections()
+        .into_iter()
+        .filter(|c| c.identity == user && c.closed_at.is_none())
+        .collect();
+    let count = |v| open.iter().filter(|c| c.version == Some(v)).count();
+    (count(HttpVersion::Http2), count(HttpVersion::Http1))
+}
+
+async fn upstream_streams(hub: &HubProcess, cluster: &Cluster) -> f64 {
+    let series = format!(
+        "outpost_upstream_streams{{server=\"{}\"}}",
+        cluster.fake.url().trim_end_matches('/')
+    );
+    sample(&metrics_text(hub).await, &series).unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_carries_every_request_and_watch_over_one_connection() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    let mut watches = Vec::new();
+    for _ in 0..8 {
+        watches.push(open_pod_watch(&hub).await);
+    }
+    for i in 0..5 {
+        let resp = support::get(
+            hub.proxy,
+            &format!(
+                "/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}&limit={}",
+                i + 1
+            ),
+            KUBELET_UA,
+        )
+        .await;
+        assert_eq!(resp.status, 200);
+    }
+    let streams = upstream_streams(&hub, &cluster).await;
+    assert!(
+        streams >= 8.0,
+        "the 8 watches are open HTTP/2 streams ({streams})"
+    );
+    assert_eq!(
+        node_connections(&cluster),
+        (1, 0),
+        "one HTTP/2 connection carries the node's requests, none over HTTP/1.1"
+    );
+    cluster
+        .fake
+        .create("v1/pods", pod("web-1", NODE, "web"))
+        .unwrap();
+    for w in &mut watches {
+        assert!(sees(w, "web-1", Duration::from_secs(10)).await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_opens_only_at_the_servers_stream_limit() {
+    let cluster = Cluster::start_with(FakeConfig {
+        http2_max_streams: 4,
+        ..FakeConfig::default()
+    })
+    .await;
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    let mut watches = Vec::new();
+    for _ in 0..10 {
+        watches.push(open_pod_watch(&hub).await);
+    }
+    // No watch waits for a stream: every one of them sees the change.
+    cluster
+        .fake
+        .create("v1/pods", pod("web-1", NODE, "web"))
+        .unwrap();
+    for w in &mut watches {
+        assert!(
+            sees(w, "web-1", Duration::from_secs(10)).await,
+            "a watch beyond the limit got its own stream"
+        );
+    }
+    let streams = upstream_streams(&hub, &cluster).await;
+    let (http2, http1) = node_connections(&cluster);
+    let needed = (streams as usize).div_ceil(4);
+    assert_eq!(http1, 0);
+    assert!(
+        (needed.max(3)..=needed + 1).contains(&http2),
+        "{http2} HTTP/2 connections for {streams} streams at 4 per connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_when_the_server_offers_no_http2_or_the_flag_says_so() {
+    let cluster = Cluster::start_with(FakeConfig {
+        http2: false,
+        ..FakeConfig::default()
+    })
+    .await;
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    let _w1 = open_pod_watch(&hub).await;
+    let _w2 = open_pod_watch(&hub).await;
+    let (http2, http1) = node_connections(&cluster);
+    assert_eq!(http2, 0);
+    assert!(http1 >= 2, "one HTTP/1.1 connection per watch ({http1})");
+    drop(hub);
+
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub_with_flags(&["--disable-http2"]);
+    support::wait_online(&hub).await;
+    let _w1 = open_pod_watch(&hub).await;
+    let _w2 = open_pod_watch(&hub).await;
+    let (http2, http1) = node_connections(&cluster);
+    assert_eq!(http2, 0, "--disable-http2 keeps HTTP/1.1");
+    assert!(http1 >= 2, "one HTTP/1.1 connection per watch ({http1})");
+}
+
+/// A TCP relay between the hub and the fake that can go silent on the connections it has
+/// (bytes no longer forwarded, sockets kept open: a link that died without a FIN), while new
+/// connections pass.
+struct Relay {
+    addr: std::net::SocketAddr,
+    silences: Arc<Mutex<Vec<watch::Sender<bool>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(to: std::net::SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silences = Arc::new(Mutex::new(Vec::new()));
+        let registry = silences.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let (silence, silenced) = watch::channel(false);
+                registry.lock().unwrap().push(silence);
+                conns.spawn(relay(client, to, silenced));
+            }
+        });
+        Relay {
+            addr,
+            silences,
+            task,
+        }
+    }
+
+    fn silence_open_connections(&self) {
+        for s in self.silences.lock().unwrap().drain(..) {
+            s.send_replace(true);
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn relay(client: TcpStream, to: std::net::SocketAddr, mut silenced: watch::Receiver<bool>) {
+    let Ok(server) = TcpStream::connect(to).await else {
+        return;
+    };
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let forward = async {
+        tokio::select! {
+            _ = tokio::io::copy(&mut cr, &mut sw) => {}
+            _ = tokio::io::copy(&mut sr, &mut cw) => {}
+        }
+    };
+    let silence = async {
+        let _ = silenced.wait_for(|s| *s).await;
+    };
+    tokio::select! {
+        _ = forward => {}
+        _ = silence => {
+            // Hold both sockets open, forwarding nothing, until the relay is dropped.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ping_unanswered_ends_the_watches_of_a_dead_connection_at_once() {
+    let cluster = Cluster::start().await;
+    let relay = Relay::start(cluster.fake.addr()).await;
+    // Probes far apart: only the PING can notice the dead connection within the test's bound.
+    let hub = cluster.start_hub_with_flags(&[
+        &format!("--server-addr=https://{}", relay.addr),
+        "--heartbeat-interval-seconds=60",
+        "--http2-read-idle-timeout-seconds=1",
+        "--http2-ping-timeout-seconds=1",
+    ]);
+    support::wait_online(&hub).await;
+    let mut watch = open_pod_watch(&hub).await;
+    cluster
+        .fake
+        .create("v1/pods", pod("web-1", NODE, "web"))
+        .unwrap();
+    assert!(sees(&mut watch, "web-1", Duration::from_secs(10)).await);
+    relay.silence_open_connections();
+    assert!(
+        ends(&mut watch, Duration::from_secs(8)).await,
+        "the watch on the dead connection ends after one unanswered PING"
+    );
+    // The server was only suspected: a probe on a new connection finds it well, and a new
+    // watch works.
+    let mut again = open_pod_watch(&hub).await;
+    cluster
+        .fake
+        .create("v1/pods", pod("web-2", NODE, "web"))
+        .unwrap();
+    assert!(sees(&mut again, "web-2", Duration::from_secs(10)).await);
+    assert!(
+        eventually(Duration::from_secs(5), || hub
+            .log_text()
+            .contains("HTTP/2 connection failed"))
+        .await,
+        "the failed connection was reported to the health checker"
+    );
+}
