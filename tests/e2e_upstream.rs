@@ -1,6 +1,7 @@
 //! The hub's side of the wire to the apiserver: HTTP/2 (every request over one connection, a
 //! second only at the server's stream limit, HTTP/1.1 when the server offers nothing else or
-//! `--disable-http2` says so), and the PING that finds a dead connection under quiet watches.
+//! `--disable-http2` says so), the PING that finds a dead connection under quiet watches, and
+//! gzip on the WAN with decoded bytes for the cache.
 
 mod support;
 
@@ -292,4 +293,73 @@ async fn a_ping_unanswered_ends_the_watches_of_a_dead_connection_at_once() {
         .await,
         "the failed connection was reported to the health checker"
     );
+}
+
+/// Reads a whole gzip body.
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .expect("a gzip body");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_cross_the_wan_compressed_and_the_cache_and_clients_get_what_they_asked_for() {
+    let cluster = Cluster::start_with(FakeConfig {
+        gzip: true,
+        ..FakeConfig::default()
+    })
+    .await;
+    // Over the apiserver's 128 KiB threshold, so that it compresses the list.
+    for i in 0..300 {
+        let mut p = pod(&format!("pod-{i:03}"), NODE, "web");
+        p["metadata"]["annotations"] =
+            serde_json::json!({"note": format!("{i} {}", "x".repeat(400))});
+        cluster.fake.create("v1/pods", p).unwrap();
+    }
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+
+    // kubelet accepts gzip: it gets gzip.
+    let zipped = support::kubelet_get(hub.proxy, &path).await;
+    assert_eq!(zipped.status, 200);
+    assert_eq!(zipped.header("content-encoding"), Some("gzip"));
+    let decoded = gunzip(&zipped.body);
+    let list: serde_json::Value = serde_json::from_slice(&decoded).expect("a JSON list");
+    assert_eq!(support::names(&list).len(), 300);
+
+    // A client that did not ask for gzip gets plain JSON.
+    let plain = support::get(hub.proxy, &path, KUBELET_UA).await;
+    assert_eq!(
+        (plain.status, plain.header("content-encoding")),
+        (200, None)
+    );
+    assert_eq!(support::names(&plain.json()).len(), 300);
+
+    // Only the compressed bytes crossed the WAN.
+    let text = metrics_text(&hub).await;
+    let gzip_bytes = sample(
+        &text,
+        "outpost_upstream_received_bytes_total{encoding=\"gzip\",resource=\"pods\"}",
+    )
+    .unwrap_or(0.0);
+    assert!(
+        gzip_bytes > 0.0 && gzip_bytes * 4.0 < 2.0 * decoded.len() as f64,
+        "two lists of {} bytes took {gzip_bytes} bytes on the WAN",
+        decoded.len()
+    );
+
+    // The cache holds the decoded list: offline, it answers it.
+    cluster.fake.refuse_connections();
+    let cached = support::until_cached(&hub, &path).await;
+    let cached = match cached.header("content-encoding") {
+        Some("gzip") => gunzip(&cached.body),
+        _ => cached.body.clone(),
+    };
+    let cached: serde_json::Value = serde_json::from_slice(&cached).expect("a JSON list");
+    assert_eq!(support::names(&cached).len(), 300);
+    cluster.fake.restore().await;
 }

@@ -27,6 +27,7 @@ pub mod body;
 pub mod callers;
 pub mod connections;
 pub mod edge;
+pub mod encoding;
 pub mod error;
 pub mod feed;
 pub mod filtering;

@@ -22,6 +22,8 @@ pub struct Metrics {
     pub upstream_connections: IntGaugeVec,
     /// Open HTTP/2 streams to each apiserver.
     pub upstream_streams: IntGaugeVec,
+    /// Upstream response body bytes as received (compressed when gzip), by resource.
+    pub upstream_received_bytes: IntCounterVec,
     pub response_bytes: IntCounterVec,
     pub latency: HistogramVec,
     pub client_cert_expiry: IntGaugeVec,
@@ -151,6 +153,12 @@ const UPSTREAM_STREAMS: Def = Def {
     name: "outpost_upstream_streams",
     help: "Open HTTP/2 streams to each apiserver (requests and watches under way on its connections).",
     labels: &["server"],
+};
+
+const UPSTREAM_RECEIVED_BYTES: Def = Def {
+    name: "outpost_upstream_received_bytes_total",
+    help: "Response body bytes received from the apiservers as they crossed the WAN (compressed when gzip; TLS and HTTP framing not included), by resource and content encoding.",
+    labels: &["resource", "encoding"],
 };
 
 const UPSTREAM_ERRORS: Def = Def {
@@ -357,6 +365,7 @@ impl Metrics {
             in_flight: r.gauges(IN_FLIGHT),
             upstream_connections: r.gauges(UPSTREAM_CONNECTIONS),
             upstream_streams: r.gauges(UPSTREAM_STREAMS),
+            upstream_received_bytes: r.counters(UPSTREAM_RECEIVED_BYTES),
             upstream_errors: r.counters(UPSTREAM_ERRORS),
             response_bytes: r.counters(RESPONSE_BYTES),
             latency: r.histograms(LATENCY, LATENCY_BUCKETS),

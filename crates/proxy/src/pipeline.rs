@@ -46,6 +46,7 @@ use crate::autonomy::{Autonomy, KubeletRequest};
 use crate::body::{self, ProxyBody};
 use crate::callers::{self, Entry, SecureCaller, VerifiedTokens};
 use crate::edge::{CachePlan, Edge};
+use crate::encoding;
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
 use crate::headers;
@@ -104,6 +105,7 @@ impl Pipeline {
             },
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
+        let client_gzip = encoding::accepts_gzip(req.headers());
         let (req, exchange) = self.exchange(req, &info, started);
         let mut route = route::decide(
             &info,
@@ -152,7 +154,9 @@ impl Pipeline {
             }
             (_, _, result) => result,
         };
-        let result = result.map_err(|e| exchange.blame(e));
+        let result = result
+            .map(|resp| encoding::for_client(resp, client_gzip))
+            .map_err(|e| exchange.blame(e));
         self.respond(Some(&info), result, started, Some(in_flight))
     }
 
@@ -366,10 +370,8 @@ impl Pipeline {
             self.judge_token(token, resp.status());
         }
         let Some(edge) = &self.edge else {
-            return Ok(ended_by(
-                outage,
-                exchange.bound(client_response(sent?, false), served_by),
-            ));
+            let resp = self.received(&route, info, &parts.headers, sent?);
+            return Ok(ended_by(outage, exchange.bound(resp, served_by)));
         };
         let fall_back = match &sent {
             Err(e) => e.is_upstream() || matches!(e, ProxyError::Offline(_)),
@@ -390,14 +392,30 @@ impl Pipeline {
                 return cached;
             }
         }
-        let resp = ended_by(
-            outage,
-            exchange.bound(client_response(sent?, false), served_by),
-        );
+        let resp = self.received(&route, info, &parts.headers, sent?);
+        let resp = ended_by(outage, exchange.bound(resp, served_by));
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
         })
+    }
+
+    /// The upstream answer for the client hop: its WAN bytes counted, a gzip body decoded when
+    /// the cache or the filters read it or the client did not ask for gzip ([`encoding`]).
+    fn received(
+        &self,
+        route: &Route,
+        info: &RequestInfo,
+        client_headers: &http::HeaderMap,
+        resp: Response<Incoming>,
+    ) -> Response<ProxyBody> {
+        let resp = encoding::count_received(
+            client_response(resp, false),
+            &self.metrics.upstream_received_bytes,
+            &info.resource_label(),
+        );
+        let read_here = route.cache.is_some() || route.filter.is_some();
+        encoding::decode(resp, read_here, encoding::accepts_gzip(client_headers))
     }
 
     /// Sends the request: a read that fails to reach one server is retried on another healthy
@@ -425,7 +443,12 @@ impl Pipeline {
                 break;
             };
             done.served_by = Some(server);
-            let upstream_req = self.prepared(route, parts, body.take().unwrap_or_else(body::empty));
+            let upstream_req = self.prepared(
+                route,
+                info.verb,
+                parts,
+                body.take().unwrap_or_else(body::empty),
+            );
             // Taken before the send, so an outage during it still ends the watch.
             done.outage =
                 (info.verb == Verb::Watch).then(|| self.upstream.states().next_outage(server));
@@ -453,10 +476,11 @@ impl Pipeline {
     }
 
     /// The upstream request for one attempt: JSON asked for when the cache or the filters read
-    /// the answer.
+    /// the answer, gzip for reads.
     fn prepared(
         &self,
         route: &Route,
+        verb: Verb,
         parts: &http::request::Parts,
         body: ProxyBody,
     ) -> Request<ProxyBody> {
@@ -467,6 +491,7 @@ impl Pipeline {
         if route.filter.is_some() {
             Filtering::prepare_upstream(upstream_req.headers_mut());
         }
+        encoding::ask_for_gzip(verb, upstream_req.headers_mut());
         upstream_req
     }
 

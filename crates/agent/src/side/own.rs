@@ -6,10 +6,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::BodyExt;
+use outpost_core::RequestInfo;
 use outpost_core::wire::LineFramer;
-use outpost_proxy::body;
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::{Identity, Server, Upstream};
+use outpost_proxy::{body, encoding};
 
 /// How long one of the hub's own watches lasts before it is opened again.
 pub const WATCH_TIMEOUT_SECONDS: u64 = 300;
@@ -54,13 +55,16 @@ impl OwnGets {
         server: &Server,
         path: &str,
     ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::GET)
             .uri(path)
             .header(http::header::USER_AGENT, self.user_agent)
             .header(http::header::ACCEPT, "application/json")
             .body(body::empty())
             .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        let info = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        encoding::ask_for_gzip(info.verb, req.headers_mut());
         let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
         upstream.send(server, Identity::Node, req, deadline).await
     }
@@ -73,11 +77,26 @@ impl OwnGets {
         }
     }
 
-    pub async fn collect(self, body: hyper::body::Incoming) -> Result<Bytes, ProxyError> {
-        body.collect()
+    /// The whole body of the answer to [`Self::send`] of `path`, decoded if it came compressed;
+    /// its WAN bytes counted (`outpost_upstream_received_bytes_total`).
+    pub async fn collect(
+        self,
+        upstream: &Upstream,
+        path: &str,
+        resp: http::Response<hyper::body::Incoming>,
+    ) -> Result<Bytes, ProxyError> {
+        let resource = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
+            .map(|info| info.resource_label())
+            .unwrap_or_default();
+        let (parts, body) = resp.into_parts();
+        let bytes = body
+            .collect()
             .await
             .map(|c| c.to_bytes())
-            .map_err(|e| self.bad_reply(e))
+            .map_err(|e| self.bad_reply(e))?;
+        encoding::received_counter(upstream.received_bytes(), &resource, &parts.headers)
+            .inc_by(bytes.len() as u64);
+        encoding::decoded_bytes(&parts.headers, bytes).map_err(|e| self.bad_reply(e))
     }
 
     pub async fn next_line(

@@ -242,7 +242,7 @@ impl<H: Handler> Reflector<H> {
                 self.path
             )));
         }
-        let bytes = OWN.collect(resp.into_body()).await?;
+        let bytes = OWN.collect(&self.upstream, &self.path, resp).await?;
         let (objects, mut head) = parse_list(&bytes, |o| self.handler.keep(o))?;
         head.from_cloud = true;
         self.apply_list(objects, head, "cloud");

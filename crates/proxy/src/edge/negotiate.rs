@@ -2,9 +2,9 @@
 //!
 //! The cache holds upstream JSON, byte for byte. kubelet and kube-proxy send
 //! `Accept: application/vnd.kubernetes.protobuf,application/json`; for a cached request the hub
-//! asks upstream for `application/json` only (a client that lists JSON accepts it) and without
-//! compression, so what the client receives is exactly what the cache stores and what it will be
-//! served offline. A client that accepts no JSON at all (protobuf only) is proxied untouched and
+//! asks upstream for `application/json` only (a client that lists JSON accepts it), so what the
+//! client receives is exactly what the cache stores and what it will be served offline. A
+//! compressed answer is decoded before the cache sees it ([`crate::encoding`]). A client that accepts no JSON at all (protobuf only) is proxied untouched and
 //! not cached: it never receives an encoding it did not ask for.
 
 use http::HeaderMap;
@@ -33,7 +33,8 @@ fn quality_is_zero(item: &str) -> bool {
         .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
 }
 
-/// Rewrites the upstream request so the response is uncompressed JSON (see the module doc).
+/// Rewrites the upstream request so the response is JSON (see the module doc); the client's
+/// own `Accept-Encoding` goes ([`crate::encoding`] asks for gzip where it applies).
 pub fn ask_for_json(headers: &mut HeaderMap) {
     headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
     headers.remove(header::ACCEPT_ENCODING);

@@ -24,7 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_certs::{IdentityInfo, UpstreamTls};
-use prometheus::IntGaugeVec;
+use prometheus::{IntCounterVec, IntGaugeVec};
 use tokio::sync::watch;
 
 use crate::body::ProxyBody;
@@ -81,6 +81,8 @@ pub struct Upstream {
     /// Open HTTP/2 streams per server.
     streams: IntGaugeVec,
     http2: Http2Config,
+    /// `outpost_upstream_received_bytes_total`, for readers of upstream bodies.
+    received_bytes: IntCounterVec,
 }
 
 /// The clients built from one [`UpstreamTls`]: HTTP/1.1 always, HTTP/2 unless disabled.
@@ -163,7 +165,13 @@ impl Upstream {
             connections,
             streams,
             http2: config.http2,
+            received_bytes: metrics.upstream_received_bytes.clone(),
         }
+    }
+
+    /// Where the readers of upstream bodies count their bytes, by resource and encoding.
+    pub fn received_bytes(&self) -> &IntCounterVec {
+        &self.received_bytes
     }
 
     /// The client certificate presented now, and its changes.
