@@ -363,3 +363,41 @@ async fn lists_cross_the_wan_compressed_and_the_cache_and_clients_get_what_they_
     assert_eq!(support::names(&cached).len(), 300);
     cluster.fake.restore().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_own_lists_wait_out_a_429s_retry_after() {
+    let cluster = Cluster::start().await;
+    cluster.fake.set_retry_after(3);
+    cluster
+        .fake
+        .fail_requests_under("/api/v1/services", Some(429));
+    let hub = cluster.start_hub();
+    // Long enough for a 1 s, 2 s backoff to have listed three times.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let mut lists: std::collections::BTreeMap<String, Vec<std::time::Instant>> = Default::default();
+    for r in cluster.fake.requests() {
+        let own = r
+            .user_agent
+            .as_deref()
+            .is_some_and(|ua| ua.starts_with("outpost/"));
+        if own && r.path == "/api/v1/services" && r.status == 429 && !r.query.contains("watch") {
+            let who = format!("{} {}", r.user_agent.unwrap_or_default(), r.query);
+            lists.entry(who).or_default().push(r.at);
+        }
+    }
+    assert!(!lists.is_empty(), "the hub lists Services for itself");
+    for (who, at) in &lists {
+        for pair in at.windows(2) {
+            let gap = pair[1] - pair[0];
+            assert!(
+                gap >= Duration::from_secs(3),
+                "{who}: listed again {gap:?} after a 429 asking for 3 s"
+            );
+        }
+    }
+    assert!(
+        lists.values().any(|at| at.len() >= 2),
+        "the lists were retried: {lists:?}"
+    );
+    drop(hub);
+}

@@ -118,8 +118,9 @@ pub fn method_not_allowed() -> ApiError {
     .into()
 }
 
-/// The Status an injected failure answers with, worded like the apiserver's own.
-pub fn injected_failure(code: u16) -> ApiError {
+/// The Status an injected failure answers with, worded like the apiserver's own; a 429 or 503
+/// asks to be retried after `retry_after` seconds.
+pub fn injected_failure(code: u16, retry_after: u32) -> ApiError {
     let (reason, message) = match code {
         429 => (
             Reason::TooManyRequests,
@@ -148,7 +149,7 @@ pub fn injected_failure(code: u16) -> ApiError {
     };
     let mut status = Status::new(reason, message).with_code(code);
     if matches!(code, 429 | 503) {
-        status = status.with_retry_after(1);
+        status = status.with_retry_after(retry_after);
     }
     status.into()
 }
@@ -177,7 +178,7 @@ mod tests {
 
     #[test]
     fn injected_503_has_retry_after() {
-        let resp = error_response(&injected_failure(503));
+        let resp = error_response(&injected_failure(503, 1));
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
     }

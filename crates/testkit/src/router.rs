@@ -362,7 +362,8 @@ async fn authorized(
     body: Bytes,
 ) -> Response<Body> {
     if let Some(code) = shared.faults.fail_code(parts.uri.path()) {
-        return error_response(&reply::injected_failure(code));
+        let retry_after = shared.faults.retry_after();
+        return error_response(&reply::injected_failure(code, retry_after));
     }
     match authorize_and_dispatch(shared, info, user, parts, body).await {
         Ok(resp) => resp,

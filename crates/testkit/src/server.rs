@@ -462,6 +462,11 @@ impl FakeApiServer {
             .set_fail_under(code.map(|code| (prefix.to_owned(), code)));
     }
 
+    /// The `Retry-After` (seconds) of the 429s and 503s injected above; 1 unless set.
+    pub fn set_retry_after(&self, seconds: u32) {
+        self.shared.faults.set_retry_after(seconds);
+    }
+
     /// Closes the connection of the next `times` requests whose path starts with `prefix` once
     /// each is read, without answering, as a link that drops an exchange does (a NAT that forgot
     /// the connection, a reset on the way); new connections and other requests work.

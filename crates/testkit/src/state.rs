@@ -48,6 +48,8 @@ pub(crate) struct Faults {
     /// Requests under this path prefix fail with this code (an aggregated API whose backend
     /// is down); the rest of the server works.
     fail_under: Mutex<Option<(String, u16)>>,
+    /// The `Retry-After` seconds of an injected 429 or 503.
+    retry_after: Mutex<u32>,
     /// The next so many requests under this path prefix lose their connection once read: no
     /// answer at all.
     hang_up_under: Mutex<Option<(String, usize)>>,
@@ -73,6 +75,7 @@ impl Faults {
             latency: Mutex::new(Duration::ZERO),
             fail: Mutex::new(None),
             fail_under: Mutex::new(None),
+            retry_after: Mutex::new(1),
             hang_up_under: Mutex::new(None),
             delay_under: Mutex::new(None),
             slow_bodies_under: Mutex::new(None),
@@ -102,6 +105,14 @@ impl Faults {
 
     pub fn set_fail_under(&self, prefix_and_code: Option<(String, u16)>) {
         *lock(&self.fail_under) = prefix_and_code;
+    }
+
+    pub fn set_retry_after(&self, seconds: u32) {
+        *lock(&self.retry_after) = seconds;
+    }
+
+    pub fn retry_after(&self) -> u32 {
+        *lock(&self.retry_after)
     }
 
     /// Whether a request for `path` is to lose its connection instead of an answer (counted).

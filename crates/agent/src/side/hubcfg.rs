@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::own::{MAX_BACKOFF, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
+use super::own::{Backoff, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::Upstream;
 
@@ -108,14 +108,17 @@ impl ConfigWatch {
         if let Some(cached) = self.load_cached().await {
             self.publish(cached, "edge cache");
         }
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::default();
         loop {
             let round = tokio::select! {
                 r = self.sync() => r,
                 _ = shutdown.changed() => return,
             };
-            match round {
-                Ok(()) => backoff = Duration::from_secs(1),
+            let wait = match round {
+                Ok(()) => {
+                    backoff.reset();
+                    Duration::from_secs(1)
+                }
                 Err(e) => {
                     debug!(error = %e, "{} sync failed; retrying", self.name);
                     self.state.send_if_modified(|state| match state {
@@ -127,11 +130,11 @@ impl ConfigWatch {
                             true
                         }
                     });
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    backoff.failed(None)
                 }
-            }
+            };
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.changed() => return,
             }
         }

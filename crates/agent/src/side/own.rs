@@ -16,6 +16,75 @@ use outpost_proxy::{body, encoding};
 pub const WATCH_TIMEOUT_SECONDS: u64 = 300;
 /// The longest wait before a failed read is tried again.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The first wait after a failure.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// When the cloud returns, the hub's own reads start within this long, at a random point: a
+/// fleet of hubs that saw the same outage end does not list all at once.
+pub const RETURN_SPREAD: Duration = Duration::from_secs(10);
+
+/// Waits between the hub's own reads after failures: exponential from 1 s to [`MAX_BACKOFF`],
+/// each wait a random point in the upper half of its step (hubs that failed together retry
+/// apart), and never shorter than a 429's `Retry-After`.
+#[derive(Debug)]
+pub struct Backoff {
+    step: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff {
+            step: FIRST_BACKOFF,
+        }
+    }
+}
+
+impl Backoff {
+    /// A read succeeded: the next failure waits the first step again.
+    pub fn reset(&mut self) {
+        self.step = FIRST_BACKOFF;
+    }
+
+    /// The wait after a failure; `retry_after` is what the apiserver asked for, if it did.
+    pub fn failed(&mut self, retry_after: Option<Duration>) -> Duration {
+        let wait = self.step / 2 + jitter(self.step / 2);
+        self.step = (self.step * 2).min(MAX_BACKOFF);
+        match retry_after {
+            Some(asked) => asked + jitter(FIRST_BACKOFF),
+            None => wait,
+        }
+    }
+}
+
+/// A random duration in `[0, up_to)`.
+pub fn jitter(up_to: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = u64::try_from(up_to.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    // Every RandomState is seeded from the OS's randomness; one hash is one random number.
+    let random = std::hash::RandomState::new().build_hasher().finish();
+    Duration::from_nanos(random % nanos)
+}
+
+/// The `Retry-After` of a 429 (or 503) answer, in seconds as kube-apiserver sends it.
+pub fn retry_after(resp: &http::Response<hyper::body::Incoming>) -> Option<Duration> {
+    let status = resp.status();
+    if status != http::StatusCode::TOO_MANY_REQUESTS
+        && status != http::StatusCode::SERVICE_UNAVAILABLE
+    {
+        return None;
+    }
+    let seconds: u64 = resp
+        .headers()
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.min(MAX_BACKOFF.as_secs() * 10)))
+}
 
 /// Whether the configuration has been read, for readiness.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,5 +176,32 @@ impl OwnGets {
         body::next_line(body, framer)
             .await
             .map_err(|e| self.bad_reply(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_up_to_the_cap_and_retry_after_wins() {
+        let mut b = Backoff::default();
+        let waits: Vec<Duration> = (0..8).map(|_| b.failed(None)).collect();
+        let mut step = FIRST_BACKOFF;
+        for wait in &waits {
+            assert!(
+                *wait >= step / 2 && *wait < step,
+                "{wait:?} in the upper half of {step:?}"
+            );
+            step = (step * 2).min(MAX_BACKOFF);
+        }
+        let asked = b.failed(Some(Duration::from_secs(7)));
+        assert!(asked >= Duration::from_secs(7) && asked < Duration::from_secs(8));
+        b.reset();
+        assert!(b.failed(None) < FIRST_BACKOFF);
+        let spread: std::collections::BTreeSet<_> =
+            (0..20).map(|_| jitter(RETURN_SPREAD)).collect();
+        assert!(spread.len() > 10, "jitter is random: {spread:?}");
+        assert!(spread.iter().all(|d| *d < RETURN_SPREAD));
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! [`Reflector::run`] lists, then watches from the list's resourceVersion, re-watches when a
 //! stream ends and relists after an `ERROR` event (410 Gone), a failure, or its server turning
-//! unhealthy (a dead link may hold a stream for minutes), with backoff. Every
+//! unhealthy (a dead link may hold a stream for minutes), with jittered exponential backoff
+//! ([`Backoff`]: a 429's `Retry-After` is waited out) and, when the cloud returns after an outage,
+//! at a random point of [`RETURN_SPREAD`], so that a fleet of hubs does not relist at once. Every
 //! change is handed to a [`Handler`]. In edge mode the objects are also kept in the cache as one
 //! document, and a hub that starts offline begins from that copy, so filters behave the same
 //! after a reboot without the cloud. The requests carry the hub's own User-Agent (`outpost/…`),
@@ -25,7 +27,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::own::{MAX_BACKOFF, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
+use super::own::{
+    Backoff, OwnGets, RETURN_SPREAD, SyncState, WATCH_TIMEOUT_SECONDS, jitter, retry_after,
+};
 use crate::supervisor::Supervisor;
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::feed::{Handler, ListHead, ListMeta};
@@ -142,6 +146,8 @@ pub struct Reflector<H> {
     /// The last list's kind and apiVersion, saved with the objects.
     list_type: (String, String),
     resource_version: String,
+    /// What the last refused read's `Retry-After` asked for.
+    retry_after: Option<Duration>,
 }
 
 /// How a watch stream ended.
@@ -171,6 +177,7 @@ impl<H: Handler> Reflector<H> {
             objects: BTreeMap::new(),
             list_type: Default::default(),
             resource_version: String::new(),
+            retry_after: None,
         }
     }
 
@@ -184,26 +191,37 @@ impl<H: Handler> Reflector<H> {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.load_cached().await;
         let mut online = self.upstream.states().subscribe();
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::default();
         loop {
             let round = tokio::select! {
                 r = self.sync() => r,
                 _ = shutdown.changed() => return,
             };
-            match round {
-                Ok(()) => backoff = Duration::from_secs(1),
+            let wait = match round {
+                Ok(()) => {
+                    backoff.reset();
+                    jitter(Duration::from_secs(1))
+                }
                 Err(e) => {
                     debug!(resource = %self.name, error = %e, "side-data sync failed; retrying");
                     self.handler.interrupted();
                     self.note_failure(&e);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    backoff.failed(self.retry_after.take())
                 }
-            }
+            };
             let offline = !*online.borrow_and_update();
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                _ = online.wait_for(|up| *up), if offline => {}
+            let returned = tokio::select! {
+                _ = tokio::time::sleep(wait) => false,
+                _ = online.wait_for(|up| *up), if offline => true,
                 _ = shutdown.changed() => return,
+            };
+            if returned {
+                // Every hub sees the cloud return at about the same moment: list at a random
+                // point of the spread rather than all at once.
+                tokio::select! {
+                    _ = tokio::time::sleep(jitter(RETURN_SPREAD)) => {}
+                    _ = shutdown.changed() => return,
+                }
             }
         }
     }
@@ -237,6 +255,7 @@ impl<H: Handler> Reflector<H> {
             return Ok(());
         }
         if status != StatusCode::OK {
+            self.retry_after = retry_after(&resp);
             return Err(bad_reply(format!(
                 "list {} answered {status} (check the hub's RBAC in manifests/)",
                 self.path
@@ -280,6 +299,7 @@ impl<H: Handler> Reflector<H> {
         );
         let Opened { resp, ends } = self.source.get(&path).await?;
         if resp.status() != StatusCode::OK {
+            self.retry_after = retry_after(&resp);
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
