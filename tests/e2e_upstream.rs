@@ -401,3 +401,58 @@ async fn the_hubs_own_lists_wait_out_a_429s_retry_after() {
     );
     drop(hub);
 }
+
+/// The hub's own LISTs of `/api/v1/services` (the filters' and the shared cache's reflectors).
+fn own_service_lists(cluster: &Cluster) -> usize {
+    cluster
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| {
+            r.user_agent.as_deref() == Some("outpost/side-data")
+                && r.path == "/api/v1/services"
+                && !r.query.contains("watch")
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_reflectors_of_one_collection_share_one_list_also_after_an_outage() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    // kube-proxy's read starts the shared cache's Services feed beside the filters' reflector.
+    let resp = support::get(hub.proxy, "/api/v1/services", "kube-proxy/v1.32.4").await;
+    assert_eq!(resp.status, 200);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(own_service_lists(&cluster), 1, "one LIST at start-up");
+
+    cluster.fake.refuse_connections();
+    let offline = eventually(Duration::from_secs(15), || {
+        hub.log_text().contains("no apiserver healthy")
+    })
+    .await;
+    assert!(offline, "the hub saw the outage");
+    cluster.fake.clear_requests();
+    cluster.fake.restore().await;
+    // Back within a few probes, then the relists within the return spread (10 s).
+    let relisted = eventually(Duration::from_secs(25), || own_service_lists(&cluster) >= 1).await;
+    let seen: Vec<String> = cluster
+        .fake
+        .requests()
+        .iter()
+        .map(|r| format!("{:?} {} {}?{}", r.user_agent, r.verb, r.path, r.query))
+        .collect();
+    assert!(
+        relisted,
+        "the hub relisted its Services after the outage: {seen:#?}\n{}",
+        hub.log_text()
+    );
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        own_service_lists(&cluster),
+        1,
+        "one LIST of the collection after the outage, however many reflectors keep it\n{}",
+        hub.log_text()
+    );
+}

@@ -112,14 +112,8 @@ impl Hub {
             &tasks,
         )
         .await;
-        let multiplexer = shared_cache(
-            &config,
-            cloud,
-            edge.as_ref(),
-            pool.clone(),
-            &metrics,
-            &tasks,
-        );
+        let feeds = (edge.as_ref(), pool.clone(), &side.lists);
+        let multiplexer = shared_cache(&config, cloud, feeds, &metrics, &tasks);
         host::start(dummy_if.as_ref(), &metrics, &tasks);
         let pipeline = Arc::new(Pipeline {
             upstream: upstream.clone(),
@@ -266,8 +260,11 @@ async fn kubelet_autonomy(
 fn shared_cache(
     config: &HubConfig,
     (states, upstream): (&Arc<ServerStates>, &Arc<Upstream>),
-    edge: Option<&Edge>,
-    pool: Option<Arc<pool::PoolSharing>>,
+    (edge, pool, lists): (
+        Option<&Edge>,
+        Option<Arc<pool::PoolSharing>>,
+        &Arc<side::own::SharedLists>,
+    ),
     metrics: &Metrics,
     tasks: &Arc<Supervisor>,
 ) -> Option<Arc<Multiplexer>> {
@@ -279,6 +276,7 @@ fn shared_cache(
         store: edge.map(|e| e.store().clone()),
         tasks: tasks.clone(),
         pool,
+        lists: lists.clone(),
     };
     let min_request_timeout = config
         .edge

@@ -21,6 +21,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::hubcfg::HubCfg;
+use super::own::SharedLists;
 use super::own::SyncState;
 use super::reflector::{OneObject, Reflector};
 use crate::supervisor::Supervisor;
@@ -47,6 +48,8 @@ pub struct Sources<'a> {
     pub upstream: &'a Arc<Upstream>,
     pub store: Option<&'a Arc<dyn Store>>,
     pub pool: Option<&'a Arc<crate::pool::PoolSharing>>,
+    /// Lists shared with the shared cache's reflectors.
+    pub lists: &'a Arc<SharedLists>,
 }
 
 /// The side data's sources: one reflector per kind of object the enabled filters need.
@@ -57,7 +60,8 @@ pub struct SideData {
 impl SideData {
     /// Starts the filters: the set from the flags, the context from the settings, and the
     /// reflectors for what the enabled filters need (as `tasks`). Returns the filtering stage
-    /// and the reflectors' sync states (for readiness).
+    /// and the reflectors' sync states (for readiness). The reflectors read through
+    /// `upstream`, keep their copy in `store` and share their lists in `lists`.
     pub fn start(
         node: &str,
         settings: &FilterSettings,
@@ -86,8 +90,10 @@ impl SideData {
         for (name, path, handler) in sources {
             let (upstream, store) = (from.upstream.clone(), from.store.cloned());
             let mut reflector = Reflector::new(name, path, upstream, store, handler);
-            if let (Some(pool), "services") = (from.pool, name) {
-                reflector.source = Box::new(pool.feed_source());
+            match (from.pool, name) {
+                (Some(pool), "services") => reflector.source = Box::new(pool.feed_source()),
+                // Lists from the cloud are shared with the shared cache's reflectors.
+                _ => reflector = reflector.sharing(from.lists.clone()),
             }
             sync.states.push((name, reflector.sync_state()));
             tasks.spawn("side data", reflector.run(tasks.stopping()));

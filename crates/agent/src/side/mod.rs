@@ -37,6 +37,8 @@ pub struct Side {
     pub config: watch::Receiver<SyncState>,
     /// Whether the filters' side data has been read.
     pub side_data: SideSync,
+    /// The lists its reflectors share, for the shared cache's feeds to share too.
+    pub lists: Arc<own::SharedLists>,
 }
 
 /// What the side data is started with.
@@ -65,6 +67,7 @@ pub fn start(
     tasks: &Supervisor,
 ) -> Side {
     let store = edge.map(|e| e.store().clone());
+    let lists = Arc::new(own::SharedLists::default());
     let cfg_watch = ConfigWatch::new(config.namespace, upstream.clone(), store.clone());
     if let Some(edge) = edge {
         let policy = edge.policy().clone();
@@ -84,6 +87,7 @@ pub fn start(
                 upstream,
                 store: store.as_ref(),
                 pool: config.pool.as_ref(),
+                lists: &lists,
             };
             let (filtering, sync) = SideData::start(node, &settings, &sources, metrics, tasks);
             let apply = filters::apply_hub_cfg(cfg_watch.subscribe(), filtering.clone());
@@ -98,6 +102,7 @@ pub fn start(
         filtering,
         config: synced,
         side_data,
+        lists,
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the hub's own reads from the cloud share: how they are sent and how a failure is worded
 //! ([`OwnGets`]), and whether what they keep has been read yet ([`SyncState`], for readiness).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,6 +66,82 @@ pub fn jitter(up_to: Duration) -> Duration {
     // Every RandomState is seeded from the OS's randomness; one hash is one random number.
     let random = std::hash::RandomState::new().build_hasher().finish();
     Duration::from_nanos(random % nanos)
+}
+
+/// How long one of the hub's own lists may stand in for another reflector's list of the same
+/// collection: longer than [`RETURN_SPREAD`], so that reflectors relisting after an outage share one.
+pub const LIST_SHARED_FOR: Duration = Duration::from_secs(15);
+
+/// The answer to one of the hub's own lists.
+#[derive(Debug, Clone)]
+pub enum Listed {
+    /// The list, decoded.
+    Items(Bytes),
+    /// 404: the resource is not served (no such CRD).
+    NotServed,
+}
+
+/// Lists of the same collection (path and selector) by several of the hub's reflectors (the
+/// filters' Services and the shared cache's, say) share one upstream LIST: one in flight is
+/// waited for, and one started within [`LIST_SHARED_FOR`] is reused, provided it started after
+/// the reflector's own reason to list (the failure or the 410 that ended its watch; a new
+/// reflector takes any): such a list is at least as new as anything the reflector saw, and the reflector
+/// then watches from its resourceVersion, which brings every later change, as an informer's
+/// list does.
+#[derive(Default)]
+pub struct SharedLists {
+    recent: std::sync::Mutex<std::collections::HashMap<String, SharedList>>,
+}
+
+struct SharedList {
+    started: std::time::Instant,
+    answer: Arc<tokio::sync::OnceCell<Listed>>,
+}
+
+impl SharedLists {
+    /// The list of `path`: shared when one started at or after `since` and within
+    /// [`LIST_SHARED_FOR`], else `fetch`ed (and offered to the others). A failed fetch is not
+    /// kept.
+    pub async fn list<F, Fut>(
+        &self,
+        path: &str,
+        since: std::time::Instant,
+        fetch: F,
+    ) -> Result<Listed, ProxyError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Listed, ProxyError>>,
+    {
+        let answer = {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            recent.retain(|_, l| l.started.elapsed() < LIST_SHARED_FOR);
+            match recent.get(path) {
+                Some(shared) if shared.started >= since => shared.answer.clone(),
+                _ => {
+                    let answer = Arc::new(tokio::sync::OnceCell::new());
+                    let started = std::time::Instant::now();
+                    let entry = SharedList {
+                        started,
+                        answer: answer.clone(),
+                    };
+                    recent.insert(path.to_owned(), entry);
+                    answer
+                }
+            }
+        };
+        let listed = answer.get_or_try_init(fetch).await.cloned();
+        if listed.is_err() {
+            // Not kept: the next reader lists afresh, and its start is what counts.
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if recent
+                .get(path)
+                .is_some_and(|l| Arc::ptr_eq(&l.answer, &answer))
+            {
+                recent.remove(path);
+            }
+        }
+        listed
+    }
 }
 
 /// The `Retry-After` of a 429 (or 503) answer, in seconds as kube-apiserver sends it.
@@ -203,5 +280,46 @@ mod tests {
             (0..20).map(|_| jitter(RETURN_SPREAD)).collect();
         assert!(spread.len() > 10, "jitter is random: {spread:?}");
         assert!(spread.iter().all(|d| *d < RETURN_SPREAD));
+    }
+
+    #[tokio::test]
+    async fn a_list_of_the_same_collection_started_since_is_shared() {
+        let lists = SharedLists::default();
+        let fetches = std::sync::atomic::AtomicUsize::new(0);
+        let fetch = || async {
+            fetches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Listed::Items(Bytes::from_static(b"{}")))
+        };
+        let start = std::time::Instant::now();
+        let (a, b) = tokio::join!(
+            lists.list("/api/v1/services", start, fetch),
+            lists.list("/api/v1/services", start, fetch)
+        );
+        assert!(matches!(
+            (a, b),
+            (Ok(Listed::Items(_)), Ok(Listed::Items(_)))
+        ));
+        assert_eq!(fetches.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let later = std::time::Instant::now();
+        let other_selector = "/api/v1/services?labelSelector=a";
+        lists.list(other_selector, start, fetch).await.unwrap();
+        lists.list("/api/v1/services", later, fetch).await.unwrap();
+        assert_eq!(
+            fetches.load(std::sync::atomic::Ordering::Relaxed),
+            3,
+            "a list older than the reason to list is not shared"
+        );
+        let failed = lists
+            .list("/api/v1/nodes", start, || async {
+                Err(ProxyError::NoUpstream)
+            })
+            .await;
+        assert!(failed.is_err());
+        lists.list("/api/v1/nodes", start, fetch).await.unwrap();
+        assert_eq!(
+            fetches.load(std::sync::atomic::Ordering::Relaxed),
+            4,
+            "a failure is not shared"
+        );
     }
 }

@@ -28,7 +28,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::own::{
-    Backoff, OwnGets, RETURN_SPREAD, SyncState, WATCH_TIMEOUT_SECONDS, jitter, retry_after,
+    Backoff, LIST_SHARED_FOR, Listed, OwnGets, RETURN_SPREAD, SharedLists, SyncState,
+    WATCH_TIMEOUT_SECONDS, jitter, retry_after,
 };
 use crate::supervisor::Supervisor;
 use outpost_proxy::error::{BoxError, ProxyError};
@@ -48,6 +49,8 @@ pub struct ReflectorFeeds {
     pub tasks: Arc<Supervisor>,
     /// Pool sharing: a follower's feeds list and watch its pool's leader hubs first.
     pub pool: Option<Arc<crate::pool::PoolSharing>>,
+    /// Shared with the side data's reflectors (those reading the cloud).
+    pub lists: Arc<SharedLists>,
 }
 
 impl outpost_proxy::feed::Feeds for ReflectorFeeds {
@@ -59,8 +62,10 @@ impl outpost_proxy::feed::Feeds for ReflectorFeeds {
             self.store.clone(),
             handler,
         );
-        if let Some(pool) = &self.pool {
-            reflector.source = Box::new(pool.feed_source());
+        // A follower's feeds read its leaders; the cloud's lists are shared between reflectors.
+        match &self.pool {
+            Some(pool) => reflector.source = Box::new(pool.feed_source()),
+            None => reflector = reflector.sharing(self.lists.clone()),
         }
         self.tasks
             .spawn("shared cache feed", reflector.run(self.tasks.stopping()));
@@ -148,6 +153,32 @@ pub struct Reflector<H> {
     resource_version: String,
     /// What the last refused read's `Retry-After` asked for.
     retry_after: Option<Duration>,
+    /// Lists shared with the hub's other reflectors of the same collection.
+    lists: Arc<SharedLists>,
+    /// When the reason for the next list arose (the end of the last round): a shared list
+    /// must be newer.
+    listing_since: std::time::Instant,
+}
+
+/// One of the hub's own lists from `source`, as [`SharedLists`] shares it; `refused` gets a
+/// refusal's `Retry-After`.
+async fn fetch_list(
+    source: &dyn Source,
+    upstream: &Upstream,
+    path: &str,
+    refused: &mut Option<Duration>,
+) -> Result<Listed, ProxyError> {
+    let resp = source.get(path).await?.resp;
+    match resp.status() {
+        StatusCode::OK => Ok(Listed::Items(OWN.collect(upstream, path, resp).await?)),
+        StatusCode::NOT_FOUND => Ok(Listed::NotServed),
+        status => {
+            *refused = retry_after(&resp);
+            Err(bad_reply(format!(
+                "list {path} answered {status} (check the hub's RBAC in manifests/)"
+            )))
+        }
+    }
 }
 
 /// How a watch stream ended.
@@ -178,7 +209,18 @@ impl<H: Handler> Reflector<H> {
             list_type: Default::default(),
             resource_version: String::new(),
             retry_after: None,
+            lists: Arc::default(),
+            // A new reflector has seen nothing: any list still shared will do.
+            listing_since: std::time::Instant::now()
+                .checked_sub(LIST_SHARED_FOR)
+                .unwrap_or_else(std::time::Instant::now),
         }
+    }
+
+    /// Shares lists of its collection with the other reflectors of `lists`.
+    pub fn sharing(mut self, lists: Arc<SharedLists>) -> Reflector<H> {
+        self.lists = lists;
+        self
     }
 
     /// Whether the objects have been read, for readiness.
@@ -197,6 +239,7 @@ impl<H: Handler> Reflector<H> {
                 r = self.sync() => r,
                 _ = shutdown.changed() => return,
             };
+            self.listing_since = std::time::Instant::now();
             let wait = match round {
                 Ok(()) => {
                     backoff.reset();
@@ -242,26 +285,29 @@ impl<H: Handler> Reflector<H> {
     }
 
     async fn list(&mut self) -> Result<(), ProxyError> {
-        let resp = self.source.get(&self.path).await?.resp;
-        let status = resp.status();
-        if status == StatusCode::NOT_FOUND {
-            // The resource is not served (no NodePool CRD in this cluster): nothing to filter by.
-            let head = ListHead {
-                from_cloud: true,
-                ..ListHead::default()
-            };
-            self.apply_list(BTreeMap::new(), head, "cloud (not served)");
-            self.save().await;
-            return Ok(());
-        }
-        if status != StatusCode::OK {
-            self.retry_after = retry_after(&resp);
-            return Err(bad_reply(format!(
-                "list {} answered {status} (check the hub's RBAC in manifests/)",
-                self.path
-            )));
-        }
-        let bytes = OWN.collect(&self.upstream, &self.path, resp).await?;
+        let lists = self.lists.clone();
+        let (source, path, since) = (&self.source, &self.path, self.listing_since);
+        let mut refused = None;
+        let listed = lists
+            .list(path, since, || {
+                fetch_list(source.as_ref(), &self.upstream, path, &mut refused)
+            })
+            .await;
+        self.retry_after = refused;
+        let bytes = match listed? {
+            Listed::Items(bytes) => bytes,
+            Listed::NotServed => {
+                // The resource is not served (no NodePool CRD in this cluster): nothing to
+                // filter by.
+                let head = ListHead {
+                    from_cloud: true,
+                    ..ListHead::default()
+                };
+                self.apply_list(BTreeMap::new(), head, "cloud (not served)");
+                self.save().await;
+                return Ok(());
+            }
+        };
         let (objects, mut head) = parse_list(&bytes, |o| self.handler.keep(o))?;
         head.from_cloud = true;
         self.apply_list(objects, head, "cloud");
