@@ -170,22 +170,24 @@ async fn http1_when_the_server_offers_no_http2_or_the_flag_says_so() {
     })
     .await;
     let hub = cluster.start_hub();
-    support::wait_online(&hub).await;
-    let _w1 = open_pod_watch(&hub).await;
-    let _w2 = open_pod_watch(&hub).await;
-    let (http2, http1) = node_connections(&cluster);
-    assert_eq!(http2, 0);
-    assert!(http1 >= 2, "one HTTP/1.1 connection per watch ({http1})");
+    assert_one_http1_connection_per_watch(&cluster, &hub, "no h2 offered").await;
     drop(hub);
 
     let cluster = Cluster::start().await;
     let hub = cluster.start_hub_with_flags(&["--disable-http2"]);
-    support::wait_online(&hub).await;
-    let _w1 = open_pod_watch(&hub).await;
-    let _w2 = open_pod_watch(&hub).await;
-    let (http2, http1) = node_connections(&cluster);
-    assert_eq!(http2, 0, "--disable-http2 keeps HTTP/1.1");
-    assert!(http1 >= 2, "one HTTP/1.1 connection per watch ({http1})");
+    assert_one_http1_connection_per_watch(&cluster, &hub, "--disable-http2").await;
+}
+
+async fn assert_one_http1_connection_per_watch(cluster: &Cluster, hub: &HubProcess, why: &str) {
+    support::wait_online(hub).await;
+    let _w1 = open_pod_watch(hub).await;
+    let _w2 = open_pod_watch(hub).await;
+    let (http2, http1) = node_connections(cluster);
+    assert_eq!(http2, 0, "{why}: no HTTP/2");
+    assert!(
+        http1 >= 2,
+        "{why}: one HTTP/1.1 connection per watch ({http1})"
+    );
 }
 
 /// A TCP relay between the hub and the fake that can go silent on the connections it has

@@ -17,8 +17,8 @@ use std::task::{Context, Poll, ready};
 use bytes::Bytes;
 use flate2::Compression;
 use flate2::write::{GzDecoder, GzEncoder};
-use http::Response;
 use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use outpost_core::Verb;
@@ -31,8 +31,8 @@ use crate::body::{BoxError, ProxyBody};
 struct DecodedGzip;
 
 /// Asks upstream for gzip on the reads the apiserver compresses (GET and LIST).
-pub fn ask_for_gzip(verb: Verb, headers: &mut HeaderMap) {
-    if matches!(verb, Verb::Get | Verb::List) {
+pub fn ask_for_gzip(method: &Method, verb: Verb, headers: &mut HeaderMap) {
+    if method == Method::GET && matches!(verb, Verb::Get | Verb::List) {
         headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
     }
 }
@@ -79,6 +79,7 @@ pub fn decode(
     let body = Coded {
         inner: body,
         coder: Coder::Decode(GzDecoder::new(Vec::new())),
+        fed: false,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -98,6 +99,7 @@ pub fn for_client(resp: Response<ProxyBody>, client_gzip: bool) -> Response<Prox
     let body = Coded {
         inner: body,
         coder: Coder::Encode(GzEncoder::new(Vec::new(), Compression::fast())),
+        fed: false,
     };
     Response::from_parts(parts, body.boxed())
 }
@@ -185,8 +187,11 @@ impl Coder {
         Ok(std::mem::take(out).into())
     }
 
-    fn finish(&mut self) -> std::io::Result<Bytes> {
+    /// The rest of the output; `fed` says whether any input came (an empty body labelled gzip,
+    /// as a HEAD's or a 304's is, stays empty).
+    fn finish(&mut self, fed: bool) -> std::io::Result<Bytes> {
         let out = match std::mem::replace(self, Coder::Done) {
+            Coder::Decode(_) if !fed => Vec::new(),
             Coder::Decode(d) => d.finish()?,
             Coder::Encode(e) => e.finish()?,
             Coder::Done => Vec::new(),
@@ -199,6 +204,8 @@ impl Coder {
 struct Coded {
     inner: ProxyBody,
     coder: Coder,
+    /// Whether any input came.
+    fed: bool,
 }
 
 impl Body for Coded {
@@ -215,12 +222,18 @@ impl Body for Coded {
             }
             let out = match ready!(Pin::new(&mut self.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => self.coder.write(&data),
+                    Ok(data) => {
+                        self.fed |= !data.is_empty();
+                        self.coder.write(&data)
+                    }
                     // Trailers: an apiserver sends none on a read; nothing to code.
                     Err(_) => continue,
                 },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => self.coder.finish(),
+                None => {
+                    let fed = self.fed;
+                    self.coder.finish(fed)
+                }
             };
             match out {
                 Ok(bytes) if bytes.is_empty() => continue,
@@ -307,6 +320,12 @@ mod tests {
         assert_eq!(bytes_of(resp).await, b"{}");
         let resp = decode(gzip_response(chunked(b"not gzip".to_vec(), 3)), true, false);
         assert!(resp.into_body().collect().await.is_err());
+        let head = decode(gzip_response(crate::body::empty()), true, false);
+        assert_eq!(
+            bytes_of(head).await,
+            b"",
+            "an empty body labelled gzip stays empty"
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@
 //! 3. 3s: a LIST or WATCH of a pool-scope resource (Services, EndpointSlices) that the shared
 //!    cache can answer exactly is answered from memory ([`crate::multiplexer`]). Otherwise
 //!    `Pipeline::remote` / `Pipeline::tunnel`: one exchange with an apiserver, bodies
-//!    streaming both ways; in edge mode a good response is teed into the cache, and an upstream
+//!    streaming both ways (reads ask for gzip; [`crate::encoding`] decodes what the cache or the
+//!    filters read); in edge mode a good response is teed into the cache, and an upstream
 //!    failure on a cached read falls back to 3b. 3b, [`Edge::serve`]: the cloud is unreachable,
 //!    the cache answers (or a Status says why it cannot).
 //!    Edge mode also answers two of kubelet's requests itself: its own lease
@@ -491,7 +492,7 @@ impl Pipeline {
         if route.filter.is_some() {
             Filtering::prepare_upstream(upstream_req.headers_mut());
         }
-        encoding::ask_for_gzip(verb, upstream_req.headers_mut());
+        encoding::ask_for_gzip(&parts.method, verb, upstream_req.headers_mut());
         upstream_req
     }
 

@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 use super::kubelet::{self, Decision, Healthz};
 use super::lease::LeaseRenewer;
 use super::{HealthConfig, HeartbeatConfig, ServerStates};
+use crate::side::own::jitter;
 use outpost_proxy::Metrics;
 use outpost_proxy::autonomy::KubeletCalls;
 use outpost_proxy::body;
@@ -112,7 +113,7 @@ pub async fn run(
         if let Some(path) = &config.state_file {
             remember(path, &states).await;
         }
-        let next_round = tokio::time::Instant::now() + config.interval;
+        let next_round = tokio::time::Instant::now() + round_wait(config.interval, &states);
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next_round) => break,
@@ -124,6 +125,18 @@ pub async fn run(
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+/// The wait before the next round: the interval while the cloud is reachable (the lease is
+/// renewed at that pace); offline, a random point of its second half (never later than
+/// online), so that a fleet of hubs that lost the cloud at the same moment does not find it back
+/// at the same moment either: their probes drift apart round by round.
+fn round_wait(interval: Duration, states: &ServerStates) -> Duration {
+    if states.is_online() {
+        interval
+    } else {
+        interval / 2 + jitter(interval / 2)
     }
 }
 

@@ -210,7 +210,7 @@ impl OwnGets {
             .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
         let info = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
             .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-        encoding::ask_for_gzip(info.verb, req.headers_mut());
+        encoding::ask_for_gzip(&Method::GET, info.verb, req.headers_mut());
         let deadline = Duration::from_secs(WATCH_TIMEOUT_SECONDS + 30);
         upstream.send(server, Identity::Node, req, deadline).await
     }
