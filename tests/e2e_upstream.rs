@@ -291,7 +291,7 @@ async fn a_ping_unanswered_ends_the_watches_of_a_dead_connection_at_once() {
     assert!(
         eventually(Duration::from_secs(5), || hub
             .log_text()
-            .contains("HTTP/2 connection failed"))
+            .contains("HTTP/2 PING unanswered"))
         .await,
         "the failed connection was reported to the health checker"
     );

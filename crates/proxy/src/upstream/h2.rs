@@ -14,7 +14,8 @@
 //! A PING is sent after `--http2-read-idle-timeout-seconds` without a frame from the server
 //! (client-go's `ReadIdleTimeout`); unanswered within `--http2-ping-timeout-seconds` the
 //! connection is closed, which ends every stream on it at once (watches included), and the
-//! server is suspected ([`super::ServerStates::suspect`]): the prober looks at it now.
+//! server is suspected ([`super::ServerStates::suspect`]): the prober looks at it now. A
+//! connection the server closes or resets is only logged, as a lost HTTP/1.1 one is.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -207,9 +208,12 @@ impl H2Client {
         let server = server.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                // A PING unanswered, a reset: its streams have ended; let the prober look.
                 warn!(server = %server.label(), error = %e, "HTTP/2 connection failed; its requests and watches end");
-                states.suspect(&server, &format!("HTTP/2 connection failed: {e}"));
+                // A connection the server closed or reset says no more than a lost HTTP/1.1
+                // one did; a PING unanswered says the link may be dead: the prober looks now.
+                if ping_unanswered(&e) {
+                    states.suspect(&server, "HTTP/2 PING unanswered");
+                }
             }
         });
         Ok(Dialed::Http2(Conn { tx, tally }))
@@ -271,6 +275,12 @@ fn server_name(uri: &Uri) -> Result<ServerName<'static>, rustls::pki_types::Inva
     let host = uri.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
     ServerName::try_from(host.to_owned())
+}
+
+/// Whether hyper closed the connection because a keepalive PING went unanswered (its error
+/// type is private; its message is the mark).
+fn ping_unanswered(err: &hyper::Error) -> bool {
+    std::error::Error::source(err).is_some_and(|cause| cause.to_string() == "keep-alive timed out")
 }
 
 /// A failed HTTP/2 exchange: a protocol violation in the answer is a bad reply; anything
