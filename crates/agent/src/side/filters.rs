@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use super::hubcfg::HubCfg;
 use super::own::SharedLists;
 use super::own::SyncState;
-use super::reflector::{OneObject, Reflector};
+use super::reflector::{OneObject, Reflector, SharedFrom};
 use crate::supervisor::Supervisor;
 
 /// The filter flags and the node facts filters depend on.
@@ -90,11 +90,15 @@ impl SideData {
         for (name, path, handler) in sources {
             let (upstream, store) = (from.upstream.clone(), from.store.cloned());
             let mut reflector = Reflector::new(name, path, upstream, store, handler);
-            match (from.pool, name) {
-                (Some(pool), "services") => reflector.source = Box::new(pool.feed_source()),
-                // Lists from the cloud are shared with the shared cache's reflectors.
-                _ => reflector = reflector.sharing(from.lists.clone()),
-            }
+            let shared_from = match (from.pool, name) {
+                (Some(pool), "services") => {
+                    reflector.source = Box::new(pool.feed_source());
+                    SharedFrom::Pool
+                }
+                _ => SharedFrom::Cloud,
+            };
+            // Its lists are shared with the shared cache's reflectors reading the same place.
+            let reflector = reflector.sharing(from.lists.clone(), shared_from);
             sync.states.push((name, reflector.sync_state()));
             tasks.spawn("side data", reflector.run(tasks.stopping()));
         }

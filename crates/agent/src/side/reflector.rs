@@ -62,11 +62,16 @@ impl outpost_proxy::feed::Feeds for ReflectorFeeds {
             self.store.clone(),
             handler,
         );
-        // A follower's feeds read its leaders; the cloud's lists are shared between reflectors.
-        match &self.pool {
-            Some(pool) => reflector.source = Box::new(pool.feed_source()),
-            None => reflector = reflector.sharing(self.lists.clone()),
-        }
+        // A follower's feeds read its leaders first; lists are shared between the reflectors
+        // that read the same place.
+        let from = match &self.pool {
+            Some(pool) => {
+                reflector.source = Box::new(pool.feed_source());
+                SharedFrom::Pool
+            }
+            None => SharedFrom::Cloud,
+        };
+        let reflector = reflector.sharing(self.lists.clone(), from);
         self.tasks
             .spawn("shared cache feed", reflector.run(self.tasks.stopping()));
     }
@@ -155,6 +160,8 @@ pub struct Reflector<H> {
     retry_after: Option<Duration>,
     /// Lists shared with the hub's other reflectors of the same collection.
     lists: Arc<SharedLists>,
+    /// What lists are shared under: where they are read from, and the path.
+    list_key: String,
     /// When the reason for the next list arose (the end of the last round): a shared list
     /// must be newer.
     listing_since: std::time::Instant,
@@ -179,6 +186,15 @@ async fn fetch_list(
             )))
         }
     }
+}
+
+/// Where a reflector's shared lists are read from: reflectors share only lists of the same
+/// place.
+#[derive(Debug, Clone, Copy)]
+pub enum SharedFrom {
+    Cloud,
+    /// The pool's leader hubs first ([`crate::pool`]).
+    Pool,
 }
 
 /// How a watch stream ended.
@@ -210,6 +226,7 @@ impl<H: Handler> Reflector<H> {
             resource_version: String::new(),
             retry_after: None,
             lists: Arc::default(),
+            list_key: String::new(),
             // A new reflector has seen nothing: any list still shared will do.
             listing_since: std::time::Instant::now()
                 .checked_sub(LIST_SHARED_FOR)
@@ -217,9 +234,11 @@ impl<H: Handler> Reflector<H> {
         }
     }
 
-    /// Shares lists of its collection with the other reflectors of `lists`.
-    pub fn sharing(mut self, lists: Arc<SharedLists>) -> Reflector<H> {
+    /// Shares lists of its collection with the other reflectors of `lists` that read `from`
+    /// the same place (its [`Source`]).
+    pub fn sharing(mut self, lists: Arc<SharedLists>, from: SharedFrom) -> Reflector<H> {
         self.lists = lists;
+        self.list_key = format!("{from:?} {}", self.path);
         self
     }
 
@@ -289,7 +308,7 @@ impl<H: Handler> Reflector<H> {
         let (source, path, since) = (&self.source, &self.path, self.listing_since);
         let mut refused = None;
         let listed = lists
-            .list(path, since, || {
+            .list(&self.list_key, since, || {
                 fetch_list(source.as_ref(), &self.upstream, path, &mut refused)
             })
             .await;
