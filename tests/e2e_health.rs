@@ -326,7 +326,7 @@ async fn readiness_names_a_configuration_it_cannot_read() {
             "outpost",
         )
         .expect("the e2e cluster carries the hub's binding");
-    // Pool sharing's Role grants kube-system's ConfigMaps too (manifests/cluster/rbac.yaml).
+    // Pool sharing's Role grants kube-system's ConfigMaps too (manifests/cluster/pool-sharing-rbac.yaml).
     cluster
         .fake
         .delete(

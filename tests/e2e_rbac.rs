@@ -30,17 +30,13 @@ use outpost_testkit::authorization::{
     rule_allows,
 };
 use serde_json::{Value, json};
-use support::{Cluster, HubProcess, NODE, RawResponse, eventually, raw_http};
+use support::{Cluster, HubProcess, NODE, RawResponse, eventually, hub_rbac, raw_http};
 
 const KUBELET_UA: &str = "kubelet/v1.32.4 (linux/amd64) kubernetes/e2e";
 /// What kubelet really sends.
 const KUBELET_ACCEPT: &str = "application/vnd.kubernetes.protobuf,application/json";
 /// Every request the hub makes on its own carries a User-Agent starting with this.
 const OWN_UA_PREFIX: &str = "outpost";
-const RBAC_MANIFEST: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../manifests/cluster/rbac.yaml"
-);
 const ROLE: &str = "outpost";
 const HUB_CFG: &str = "yurt-hub-cfg";
 /// Pool sharing's ConfigMap for the suite's pool (`--nodepool-name=pool-a`).
@@ -607,7 +603,7 @@ async fn the_cluster_role_grants_exactly_the_hubs_own_calls() {
         lines(refused)
     );
 
-    let objects = outpost_testkit::manifest::load_yaml(RBAC_MANIFEST).expect("RBAC manifest");
+    let objects = hub_rbac();
     let verdict = audit(&own, &objects);
     assert!(
         verdict.denied.is_empty(),
@@ -735,10 +731,7 @@ async fn an_unscoped_pod_list_with_node_credentials_is_refused() {
     );
 
     // The pure authorizer the RBAC audit uses agrees with the fake's live decision.
-    let policy = StaticPolicy::from_objects(
-        &outpost_testkit::manifest::load_yaml(RBAC_MANIFEST).expect("RBAC manifest"),
-    )
-    .expect("valid RBAC");
+    let policy = StaticPolicy::from_objects(&hub_rbac()).expect("valid RBAC");
     let verdict = Call::from_record(unscoped).decide(&policy);
     assert!(
         matches!(&verdict, Decision::Deny(r) if r.contains("spec.nodeName field selector")),

@@ -41,12 +41,7 @@ impl Cluster {
             .expect("fake apiserver starts");
         fake.add_token(ADMIN_TOKEN, "admin", &["system:masters"]);
         // As in a real cluster, the hub's own RBAC is installed next to the Node authorizer.
-        let rbac = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../manifests/cluster/rbac.yaml"
-        );
-        let objects = outpost_testkit::manifest::load_yaml(rbac).expect("hub RBAC manifest");
-        fake.apply_rbac(&objects).expect("hub RBAC applies");
+        fake.apply_rbac(&hub_rbac()).expect("hub RBAC applies");
         let dir = tempfile::tempdir().expect("tempdir");
         let node_files = fake
             .pki()
@@ -742,4 +737,19 @@ pub async fn cluster_with_pods(names: &[&str]) -> Cluster {
             .unwrap();
     }
     cluster
+}
+
+/// The hub's RBAC as the e2e clusters install it: `manifests/cluster/rbac.yaml` and the opt-in
+/// `pool-sharing-rbac.yaml` (the suite's hubs follow their pool's leader-hub ConfigMap).
+pub fn hub_rbac() -> Vec<serde_json::Value> {
+    ["rbac.yaml", "pool-sharing-rbac.yaml"]
+        .iter()
+        .flat_map(|file| {
+            let path = format!(
+                "{}/../../manifests/cluster/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            outpost_testkit::manifest::load_yaml(path).expect("hub RBAC manifest")
+        })
+        .collect()
 }

@@ -275,7 +275,7 @@ fn shared_cache(
         upstream: upstream.clone(),
         store: edge.map(|e| e.store().clone()),
         tasks: tasks.clone(),
-        pool,
+        pool: pool.map(|p| p.leader_sources()),
         lists: lists.clone(),
     };
     let min_request_timeout = config
@@ -384,7 +384,7 @@ fn side_settings<'c>(
         namespace: &config.namespace,
         filters: config.filters.as_ref(),
         secure_addr: ports.secure_addr(),
-        pool: pool.filter(|_| shared).cloned(),
+        pool: pool.filter(|_| shared).map(|p| p.leader_sources()),
     }
 }
 

@@ -63,6 +63,8 @@ fn every_manifest_passes_kubectl_dry_run_and_a_typed_round_trip() {
         "ClusterRoleBinding/outpost",
         "ConfigMap/yurt-hub-cfg",
         "Pod/outpost",
+        "Role/outpost-leader-hub",
+        "RoleBinding/outpost-leader-hub",
     ];
     assert_eq!(kinds, expected.iter().map(|s| s.to_string()).collect());
 }

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::side::hubcfg::{ConfigWatch, HubCfg};
 use crate::side::own::SyncState;
-use crate::side::reflector::{OneObject, Reflector};
+use crate::side::reflector::{LeaderSources, OneObject, Reflector, Source};
 use crate::supervisor::Supervisor;
 
 /// yurthub's `--multiplexer-port` default.
@@ -359,6 +359,20 @@ impl PoolSharing {
     /// The source a follower's shared-cache feed lists and watches from.
     pub fn feed_source(self: &Arc<Self>) -> source::PoolSource {
         source::PoolSource::new(self.clone())
+    }
+
+    /// What side data's reflectors are given to read from the leaders.
+    pub fn leader_sources(self: &Arc<Self>) -> Arc<dyn LeaderSources> {
+        Arc::new(Leaders(self.clone()))
+    }
+}
+
+/// Pool sharing as side data's reflectors see it: a source per reflector.
+struct Leaders(Arc<PoolSharing>);
+
+impl LeaderSources for Leaders {
+    fn source(&self) -> Box<dyn Source> {
+        Box::new(self.0.feed_source())
     }
 }
 

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 use super::hubcfg::HubCfg;
 use super::own::SharedLists;
 use super::own::SyncState;
-use super::reflector::{OneObject, Reflector, SharedFrom};
+use super::reflector::{LeaderSources, OneObject, Reflector, SharedFrom};
 use crate::supervisor::Supervisor;
 
 /// The filter flags and the node facts filters depend on.
@@ -47,7 +47,7 @@ pub struct FilterSettings {
 pub struct Sources<'a> {
     pub upstream: &'a Arc<Upstream>,
     pub store: Option<&'a Arc<dyn Store>>,
-    pub pool: Option<&'a Arc<crate::pool::PoolSharing>>,
+    pub pool: Option<&'a Arc<dyn LeaderSources>>,
     /// Lists shared with the shared cache's reflectors.
     pub lists: &'a Arc<SharedLists>,
 }
@@ -92,7 +92,7 @@ impl SideData {
             let mut reflector = Reflector::new(name, path, upstream, store, handler);
             let shared_from = match (from.pool, name) {
                 (Some(pool), "services") => {
-                    reflector.source = Box::new(pool.feed_source());
+                    reflector.source = pool.source();
                     SharedFrom::Pool
                 }
                 _ => SharedFrom::Cloud,

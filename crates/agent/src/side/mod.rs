@@ -54,7 +54,7 @@ pub struct Settings<'c> {
     pub secure_addr: Option<SocketAddr>,
     /// Pool sharing, when Services are pool-scope: the filters' Services come from the pool's
     /// leaders too.
-    pub pool: Option<Arc<crate::pool::PoolSharing>>,
+    pub pool: Option<Arc<dyn reflector::LeaderSources>>,
 }
 
 /// Starts `yurt-hub-cfg`'s watch and what follows it (the cache agents in edge mode, the

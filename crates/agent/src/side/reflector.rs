@@ -48,7 +48,7 @@ pub struct ReflectorFeeds {
     pub store: Option<Arc<dyn Store>>,
     pub tasks: Arc<Supervisor>,
     /// Pool sharing: a follower's feeds list and watch its pool's leader hubs first.
-    pub pool: Option<Arc<crate::pool::PoolSharing>>,
+    pub pool: Option<Arc<dyn LeaderSources>>,
     /// Shared with the side data's reflectors (those reading the cloud).
     pub lists: Arc<SharedLists>,
 }
@@ -66,7 +66,7 @@ impl outpost_proxy::feed::Feeds for ReflectorFeeds {
         // that read the same place.
         let from = match &self.pool {
             Some(pool) => {
-                reflector.source = Box::new(pool.feed_source());
+                reflector.source = pool.source();
                 SharedFrom::Pool
             }
             None => SharedFrom::Cloud,
@@ -75,6 +75,14 @@ impl outpost_proxy::feed::Feeds for ReflectorFeeds {
         self.tasks
             .spawn("shared cache feed", reflector.run(self.tasks.stopping()));
     }
+}
+
+/// Where a pool-sharing follower's reflectors read: its pool's leader hubs first
+/// ([`crate::pool`] implements it; side data only asks for a [`Source`], so that it does not
+/// depend on pool sharing, which reads its ConfigMap with side data's watch).
+pub trait LeaderSources: Send + Sync {
+    /// A source for one reflector.
+    fn source(&self) -> Box<dyn Source>;
 }
 
 /// Where a reflector lists and watches: the cloud ([`Cloud`]), or for a pool-sharing follower

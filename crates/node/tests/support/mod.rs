@@ -390,7 +390,7 @@ pub fn discovery_apiserver() -> MiniHttp {
         "/api" => (200, r#"{"kind":"APIVersions","versions":["v1"],"serverAddressByClientCIDRs":[{"clientCIDR":"0.0.0.0/0","serverAddress":"127.0.0.1:6443"}]}"#.into()),
         "/apis" => (200, r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"rbac.authorization.k8s.io","versions":[{"groupVersion":"rbac.authorization.k8s.io/v1","version":"v1"}],"preferredVersion":{"groupVersion":"rbac.authorization.k8s.io/v1","version":"v1"}}]}"#.into()),
         "/api/v1" => (200, resource_list("v1", &[("pods", "Pod", true), ("configmaps", "ConfigMap", true), ("namespaces", "Namespace", false)])),
-        "/apis/rbac.authorization.k8s.io/v1" => (200, resource_list("rbac.authorization.k8s.io/v1", &[("clusterroles", "ClusterRole", false), ("clusterrolebindings", "ClusterRoleBinding", false)])),
+        "/apis/rbac.authorization.k8s.io/v1" => (200, resource_list("rbac.authorization.k8s.io/v1", &[("clusterroles", "ClusterRole", false), ("clusterrolebindings", "ClusterRoleBinding", false), ("roles", "Role", true), ("rolebindings", "RoleBinding", true)])),
         _ => (404, r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"NotFound","code":404}"#.into()),
     }
     })
@@ -491,6 +491,8 @@ pub fn typed_round_trip(obj: &Value) -> Result<(), String> {
         Some("ConfigMap") => round_trip::<core::ConfigMap>(obj),
         Some("ClusterRole") => round_trip::<rbac::ClusterRole>(obj),
         Some("ClusterRoleBinding") => round_trip::<rbac::ClusterRoleBinding>(obj),
+        Some("Role") => round_trip::<rbac::Role>(obj),
+        Some("RoleBinding") => round_trip::<rbac::RoleBinding>(obj),
         other => Err(format!("no typed model for kind {other:?}")),
     }
 }
