@@ -25,6 +25,17 @@ use crate::{CertError, IdentityInfo, identity_info, install_ring_provider};
 #[derive(Debug, Clone, Default)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
 
+/// Why a peer's certificate names nobody.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("no client certificate")]
+    NoCertificate,
+    #[error("client certificate not accepted: {0}")]
+    NotAccepted(#[source] rustls::Error),
+    #[error(transparent)]
+    Unreadable(CertError),
+}
+
 /// Checks a client's certificate chain against the cluster CA.
 #[derive(Debug, Clone)]
 pub struct PeerCheck {
@@ -43,11 +54,9 @@ impl PeerCheck {
     }
 
     /// Who the chain's leaf names (CN user, O groups), if the cluster CA issued it and it is
-    /// valid now; the reason otherwise.
-    pub fn identity(&self, chain: &[CertificateDer<'_>]) -> Result<IdentityInfo, String> {
-        let (leaf, intermediates) = chain
-            .split_first()
-            .ok_or_else(|| "no client certificate".to_owned())?;
+    /// valid now; why not otherwise.
+    pub fn identity(&self, chain: &[CertificateDer<'_>]) -> Result<IdentityInfo, PeerError> {
+        let (leaf, intermediates) = chain.split_first().ok_or(PeerError::NoCertificate)?;
         let now = UnixTime::since_unix_epoch(
             SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -55,8 +64,9 @@ impl PeerCheck {
         );
         self.verifier
             .verify_client_cert(leaf, intermediates, now)
-            .map_err(|e| format!("client certificate not accepted: {e}"))?;
-        identity_info(std::path::Path::new("client certificate"), leaf).map_err(|e| e.to_string())
+            .map_err(PeerError::NotAccepted)?;
+        identity_info(std::path::Path::new("client certificate"), leaf)
+            .map_err(PeerError::Unreadable)
     }
 
     /// A server configuration presenting `certs` and asking clients for a certificate, which
