@@ -635,3 +635,183 @@ async fn the_pool_keeps_the_leaders_view_while_the_cloud_is_gone() {
         "the follower watched the cloud itself: {watches:?}"
     );
 }
+
+/// Node `m` of `pool` as kubelet registers it and the node lifecycle controller marks it: the
+/// pool label, its address, `Ready` as given.
+fn pool_node(cluster: &Cluster, m: &Member, pool: &str, ready: bool) {
+    let status = if ready { "True" } else { "Unknown" };
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+    "metadata": {"name": m.node, "labels": {"apps.openyurt.io/nodepool": pool}},
+    "status": {
+        "conditions": [{"type": "Ready", "status": status}],
+        "addresses": [{"type": "InternalIP", "address": m.ip.to_string()},
+                      {"type": "Hostname", "address": m.node}],
+    }});
+    let fake = &cluster.fake;
+    match fake.get("v1/nodes", None, m.node) {
+        Some(existing) => {
+            let mut node = node;
+            node["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+            fake.update("v1/nodes", node).expect("node updated");
+        }
+        None => {
+            fake.create("v1/nodes", node).expect("node");
+        }
+    }
+}
+
+/// Polls (bounded) until every hub has the role given for it.
+async fn until_roles(hubs: &[(&Member, &HubProcess, &str)]) {
+    for (m, hub, role) in hubs {
+        let series = format!("outpost_pool_role{{role=\"{role}\"}}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while metric(hub, &series).await != 1.0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} never became {role}:\n{}",
+                m.node,
+                hub.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Without yurt-manager (no `leader-hub-<pool>`, no NodePool status): with
+/// `--enable-pool-leader-election` the hubs of a pool agree on their leaders from the pool's
+/// Nodes — the first ready ones by name — serve each other with membership from the pool label,
+/// and elect a new leader once the cloud marks a dead leader's Node not ready, while a
+/// follower's reader misses nothing. A ConfigMap, once written, has the last word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    for name in ["web-1", "web-2"] {
+        fake.create(SLICES_GVR, endpoint_slice(name)).unwrap();
+    }
+    let members = [
+        member("edge-1", 2),
+        member("edge-2", 3),
+        member("edge-3", 4),
+        member("edge-4", 5),
+    ];
+    for m in &members {
+        pool_node(&cluster, m, POOL, true);
+    }
+    // A ready node of another pool, first by name: not a leader of this one.
+    pool_node(&cluster, &member("edge-0", 9), "pool-b", true);
+    let port = free_port(&members);
+    let election: Vec<String> = vec![
+        "--enable-pool-leader-election".into(),
+        "--pool-leader-replicas=2".into(),
+    ];
+    // The first two by name start first and serve (their serving certificates issued) before
+    // the others start: until then a follower would read from the cloud, as it should.
+    let mut hubs: Vec<HubProcess> = members[..2]
+        .iter()
+        .map(|m| start_member(&cluster, m, port, &election))
+        .collect();
+    let pki = fake.pki();
+    let as_follower = node_cert(pki, "edge-4");
+    for (i, m) in members[..2].iter().enumerate() {
+        let addr = SocketAddr::new(m.ip, port);
+        until_leader_serves(&hubs[i], addr, &pki.ca_pem, &as_follower).await;
+    }
+    hubs.extend(
+        members[2..]
+            .iter()
+            .map(|m| start_member(&cluster, m, port, &election)),
+    );
+    let running = |i: usize| &hubs[i];
+    until_roles(&[
+        (&members[0], running(0), "leader"),
+        (&members[1], running(1), "leader"),
+        (&members[2], running(2), "follower"),
+        (&members[3], running(3), "follower"),
+    ])
+    .await;
+
+    // The leaders serve the pool's nodes, known from the pool label alone (no NodePool).
+    let stranger = node_cert(pki, "edge-0");
+    let addr = SocketAddr::new(members[0].ip, port);
+    let refused = leader_get(addr, &pki.ca_pem, Some(&stranger), SLICES)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 403, "a node of another pool");
+
+    // kube-proxy on edge-4: the cloud's EndpointSlices through a leader, then a watch.
+    let follower = running(3);
+    let listed = until_follower_shares(follower).await;
+    let cloud = json!({"items": fake.list(SLICES_GVR, None)});
+    assert_eq!(names(&listed), names(&cloud));
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client = kube_client(follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
+    let slices: Api<EndpointSlice> = Api::all(client);
+    let mut events = slices
+        .watch(&WatchParams::default().timeout(290), &rv)
+        .await
+        .expect("watch through the follower")
+        .boxed();
+    let mut seen = Vec::new();
+    let mut next_added = async |seen: &mut Vec<String>, within: Duration| {
+        let event = tokio::time::timeout(within, events.try_next()).await;
+        match event {
+            Ok(Ok(Some(WatchEvent::Added(s)))) => seen.push(s.metadata.name.unwrap_or_default()),
+            other => panic!("expected an ADDED event, got {other:?}"),
+        }
+    };
+    fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
+    next_added(&mut seen, Duration::from_secs(10)).await;
+
+    // edge-1's hub dies (kill -9); the cloud marks its Node not ready (the node lifecycle
+    // controller's part, once the node's Lease is stale): edge-3 is elected in its place.
+    hubs[0].signal("KILL");
+    fake.create(SLICES_GVR, endpoint_slice("web-4")).unwrap();
+    next_added(&mut seen, Duration::from_secs(5)).await;
+    let watches = cloud_slice_watches(&cluster);
+    for follower in ["system:node:edge-3", "system:node:edge-4"] {
+        assert!(
+            !watches.iter().any(|u| u == follower),
+            "{follower} watched the cloud itself: {watches:?}"
+        );
+    }
+    pool_node(&cluster, &members[0], POOL, false);
+    until_roles(&[
+        (&members[1], running(1), "leader"),
+        (&members[2], running(2), "leader"),
+        (&members[3], running(3), "follower"),
+    ])
+    .await;
+    let addr = SocketAddr::new(members[2].ip, port);
+    until_leader_serves(running(2), addr, &pki.ca_pem, &as_follower).await;
+    fake.create(SLICES_GVR, endpoint_slice("web-5")).unwrap();
+    next_added(&mut seen, Duration::from_secs(5)).await;
+    assert_eq!(
+        seen,
+        ["web-3", "web-4", "web-5"],
+        "nothing missed, nothing twice"
+    );
+    // The new leader watches the cloud; the follower still does not.
+    let watches = cloud_slice_watches(&cluster);
+    assert!(
+        watches.iter().any(|u| u == "system:node:edge-3"),
+        "{watches:?}"
+    );
+    assert!(
+        !watches.iter().any(|u| u == "system:node:edge-4"),
+        "the follower watched the cloud itself: {watches:?}"
+    );
+
+    // yurt-manager writes the pool's ConfigMap: its leaders, not the elected ones.
+    fake.create("v1/configmaps", leader_hub_config(POOL, &[&members[3]]))
+        .unwrap();
+    until_roles(&[
+        (&members[1], running(1), "follower"),
+        (&members[2], running(2), "follower"),
+        (&members[3], running(3), "leader"),
+    ])
+    .await;
+}

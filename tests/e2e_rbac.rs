@@ -71,10 +71,13 @@ async fn scenario(mode: Mode) -> Vec<RequestRecord> {
 
 /// The suite's flags, with probes every second so that recovery is seen within the test. The
 /// cloud hub takes its pools from NodeBuckets, the edge hub from NodePools, so that both grants
-/// are exercised.
+/// are exercised; the edge hub elects its pool's leaders (pool sharing's ClusterRole).
 fn hub_args(cluster: &Cluster, mode: Mode) -> Vec<String> {
     let mine: Vec<String> = match mode {
-        Mode::Edge => vec!["--heartbeat-interval-seconds=1".into()],
+        Mode::Edge => vec![
+            "--heartbeat-interval-seconds=1".into(),
+            "--enable-pool-leader-election".into(),
+        ],
         Mode::Cloud => vec![
             "--heartbeat-interval-seconds=1".into(),
             "--working-mode=cloud".into(),
@@ -637,6 +640,35 @@ async fn the_cluster_role_grants_exactly_the_hubs_own_calls() {
             "{verdict:?}"
         );
     }
+    // Pool sharing's election reads the pool's Nodes by label, which only ClusterRole
+    // outpost-pool-election grants (since 1.32 the Node authorizer allows a node its own Node).
+    let election =
+        |c: &&Call| c.resource == "nodes" && c.name.is_empty() && c.field_selector.is_none();
+    let reads: BTreeSet<&str> = own
+        .iter()
+        .filter(election)
+        .map(|c| c.verb.as_str())
+        .collect();
+    assert_eq!(
+        reads,
+        BTreeSet::from(["list", "watch"]),
+        "the election's reads of the pool's Nodes:{}",
+        lines(kinds.iter().cloned())
+    );
+    let without_election: Vec<Value> = objects
+        .iter()
+        .filter(|o| o["metadata"]["name"] != "outpost-pool-election")
+        .cloned()
+        .collect();
+    let verdict = audit(&own, &without_election);
+    assert!(
+        !verdict.denied.is_empty()
+            && verdict
+                .denied
+                .iter()
+                .all(|d| d.starts_with("list nodes (") || d.starts_with("watch nodes (")),
+        "without the election's ClusterRole exactly its Node reads are refused: {verdict:?}"
+    );
     let mut broader = objects.clone();
     let role = broader
         .iter_mut()

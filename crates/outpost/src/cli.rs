@@ -344,6 +344,16 @@ pub struct HubFlags {
     /// there. See docs/pool-sharing.md.
     #[arg(long, default_value_t = DEFAULT_MULTIPLEXER_PORT)]
     pub multiplexer_port: u16,
+    /// Pool sharing without yurt-manager: while no ConfigMap `<--namespace>/leader-hub-<pool>`
+    /// exists, the hubs of a pool take as leaders the first `--pool-leader-replicas` Nodes by
+    /// name that are labelled with the pool, Ready and have an InternalIP — the same answer on
+    /// every hub. Needs the ClusterRole of manifests/cluster/pool-sharing-rbac.yaml (nodes may
+    /// list and watch Nodes). See docs/pool-sharing.md.
+    #[arg(long)]
+    pub enable_pool_leader_election: bool,
+    /// How many leaders `--enable-pool-leader-election` elects per pool.
+    #[arg(long, default_value_t = 2)]
+    pub pool_leader_replicas: usize,
     #[command(flatten)]
     pub inert: InertFlags,
 }
@@ -442,6 +452,8 @@ pub struct ValidatedHub {
     pub pool_scope: Vec<PoolScopeResource>,
     /// `--multiplexer-port`: the leader hub's port.
     pub multiplexer_port: u16,
+    /// `--enable-pool-leader-election`: how many leaders (`--pool-leader-replicas`); `None`: off.
+    pub pool_leader_election: Option<usize>,
     /// `--enable-dummy-if`: the interface to keep, holding `--dummy-if-ip`.
     pub dummy_if: Option<DummyIfConfig>,
     /// `--client-header-timeout`, `--client-idle-timeout`, `--max-connections-per-port`.
@@ -476,6 +488,9 @@ impl HubFlags {
             );
         }
         let pool_scope = self.pool_scope()?;
+        if self.enable_pool_leader_election && self.pool_leader_replicas == 0 {
+            return Err("--pool-leader-replicas must be at least 1".into());
+        }
         if self.http2_read_idle_timeout_seconds > 0 && self.http2_ping_timeout_seconds == 0 {
             return Err("--http2-ping-timeout-seconds must be at least 1".into());
         }
@@ -509,6 +524,9 @@ impl HubFlags {
             node_ip,
             pool_scope,
             multiplexer_port: self.multiplexer_port,
+            pool_leader_election: self
+                .enable_pool_leader_election
+                .then_some(self.pool_leader_replicas),
             dummy_if: self.enable_dummy_if.then(|| DummyIfConfig {
                 name: self.dummy_if_name.clone(),
                 ip: dummy_if_ip,

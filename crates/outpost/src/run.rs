@@ -87,6 +87,7 @@ fn prepare(flags: &HubFlags) -> Result<(HubConfig, ValidatedHub), StartupError> 
             namespace: v.namespace.clone(),
             pool: v.nodepool_name.clone(),
             port: v.multiplexer_port,
+            election: v.pool_leader_election,
         }),
         secure: Some(SecureConfig {
             addr: std::net::SocketAddr::new(v.filters.hub_host, v.filters.hub_port),

@@ -13,7 +13,11 @@
 //!   cache is fed from a leader instead of the cloud ([`source`]), spread over the leaders,
 //!   failing over to another (resuming the watch from its resourceVersion) or to the cloud;
 //! - **none**: the shared cache is fed from the cloud, as without pool sharing.
+//!
+//! Without the ConfigMap (no yurt-manager), `--enable-pool-leader-election` has the hubs of a
+//! pool agree on their leaders themselves ([`election`]).
 
+pub mod election;
 pub mod port;
 pub mod source;
 
@@ -47,6 +51,11 @@ pub struct PoolSettings {
     pub pool: Option<String>,
     /// `--multiplexer-port`: where a leader serves, on its address in `leaders`.
     pub port: u16,
+    /// `--enable-pool-leader-election`: how many leaders (`--pool-leader-replicas`) the hubs
+    /// elect while no `leader-hub-<pool>` ConfigMap exists; `None`: no election. With it, the
+    /// pool's members are the Nodes labelled with the pool (not the NodePool's status, which
+    /// only a controller writes).
+    pub election: Option<usize>,
 }
 
 /// One leader hub, as `leaders` names it.
@@ -121,6 +130,17 @@ impl PoolView {
             election: cfg.get("enable-leader-election").trim() == "true",
             interconnectivity: cfg.get("interconnectivity").trim() != "false",
             pool_scoped_metadata: cfg.get("pool-scoped-metadata").to_owned(),
+        }
+    }
+
+    /// The view the hubs elected (see [`election`]), as yurt-manager would have written it.
+    fn elected(pool: &str, elected: &election::Elected) -> PoolView {
+        PoolView {
+            pool: Some(pool.to_owned()),
+            leaders: elected.leaders.clone(),
+            election: true,
+            interconnectivity: true,
+            pool_scoped_metadata: String::new(),
         }
     }
 
@@ -259,7 +279,8 @@ impl PoolSharing {
         }
     }
 
-    /// The ConfigMap `leader-hub-<pool>` and the NodePool `pool`, until dropped.
+    /// The ConfigMap `leader-hub-<pool>`, and the pool's members (its NodePool, or with an
+    /// election its labelled Nodes), until dropped.
     async fn follow_pool(&self, pool: &str, store: Option<Arc<dyn Store>>) {
         // Ended by dropping this future; the watches need a shutdown signal that never comes.
         let (_never, stop) = watch::channel(false);
@@ -270,22 +291,70 @@ impl PoolSharing {
             store.clone(),
         );
         let mut changes = config.subscribe();
-        let mut read = config.sync_state();
-        let known = async {
-            if read.wait_for(|s| *s != SyncState::Pending).await.is_ok() {
-                self.known.send_replace(true);
+        let (election, mut elected) = match self.settings.election {
+            Some(replicas) => {
+                let (outcome, elected) = watch::channel(Arc::default());
+                let candidates = election::Candidates::new(replicas, outcome);
+                let path = election::nodes_of(pool);
+                let reflector = Reflector::new(
+                    "pool-candidates",
+                    path,
+                    self.upstream.clone(),
+                    store.clone(),
+                    candidates,
+                );
+                (Some(reflector), Some(elected))
             }
+            None => (None, None),
+        };
+        // Known once the ConfigMap has been read, and with an election the pool's Nodes.
+        let mut reads = vec![config.sync_state()];
+        reads.extend(election.as_ref().map(Reflector::sync_state));
+        let known = async {
+            for read in &mut reads {
+                if read.wait_for(|s| *s != SyncState::Pending).await.is_err() {
+                    return;
+                }
+            }
+            self.known.send_replace(true);
         };
         let apply = async {
             loop {
                 let cfg = changes.borrow_and_update().clone();
-                self.publish(PoolView::parse(Some(pool.to_owned()), &cfg));
-                if changes.changed().await.is_err() {
-                    return;
+                let view = match elected.as_mut().map(|e| e.borrow_and_update().clone()) {
+                    Some(elected) => {
+                        set_member_names(&self.members, elected.members.clone());
+                        if cfg.data.is_empty() {
+                            PoolView::elected(pool, &elected)
+                        } else {
+                            PoolView::parse(Some(pool.to_owned()), &cfg)
+                        }
+                    }
+                    None => PoolView::parse(Some(pool.to_owned()), &cfg),
+                };
+                self.publish(view);
+                let elected_changed = async {
+                    let changed = match elected.as_mut() {
+                        Some(e) => e.changed().await.is_ok(),
+                        None => false,
+                    };
+                    if !changed {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    () = elected_changed => {}
                 }
             }
         };
-        let members = self.members_while_leader(pool, store, stop.clone());
+        let members_stop = stop.clone();
+        let members = async {
+            match election {
+                Some(reflector) => reflector.run(members_stop).await,
+                None => self.members_while_leader(pool, store, members_stop).await,
+            }
+        };
         tokio::join!(config.run(stop), members, apply, known);
     }
 
@@ -396,6 +465,10 @@ fn set_members(members: &watch::Sender<Arc<BTreeSet<String>>>, pool: Option<&[u8
         .and_then(|p| NodePoolEntry::from_json(p).ok())
         .map(|p| p.nodes.into_iter().collect())
         .unwrap_or_default();
+    set_member_names(members, nodes);
+}
+
+fn set_member_names(members: &watch::Sender<Arc<BTreeSet<String>>>, nodes: BTreeSet<String>) {
     members.send_if_modified(|current| {
         let changed = **current != nodes;
         if changed {
