@@ -681,7 +681,8 @@ async fn until_roles(hubs: &[(&Member, &HubProcess, &str)]) {
 /// `--enable-pool-leader-election` the hubs of a pool agree on their leaders from the pool's
 /// Nodes — the first ready ones by name — serve each other with membership from the pool label,
 /// and elect a new leader once the cloud marks a dead leader's Node not ready, while a
-/// follower's reader misses nothing. A ConfigMap, once written, has the last word.
+/// follower's reader misses nothing; a follower restarted while the cloud is gone knows its
+/// leaders from its cache. A ConfigMap, once written, has the last word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     let cluster = Cluster::start().await;
@@ -722,12 +723,11 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
             .iter()
             .map(|m| start_member(&cluster, m, port, &election)),
     );
-    let running = |i: usize| &hubs[i];
     until_roles(&[
-        (&members[0], running(0), "leader"),
-        (&members[1], running(1), "leader"),
-        (&members[2], running(2), "follower"),
-        (&members[3], running(3), "follower"),
+        (&members[0], &hubs[0], "leader"),
+        (&members[1], &hubs[1], "leader"),
+        (&members[2], &hubs[2], "follower"),
+        (&members[3], &hubs[3], "follower"),
     ])
     .await;
 
@@ -740,7 +740,7 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     assert_eq!(refused.status, 403, "a node of another pool");
 
     // kube-proxy on edge-4: the cloud's EndpointSlices through a leader, then a watch.
-    let follower = running(3);
+    let follower = &hubs[3];
     let listed = until_follower_shares(follower).await;
     let cloud = json!({"items": fake.list(SLICES_GVR, None)});
     assert_eq!(names(&listed), names(&cloud));
@@ -780,13 +780,13 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     }
     pool_node(&cluster, &members[0], POOL, false);
     until_roles(&[
-        (&members[1], running(1), "leader"),
-        (&members[2], running(2), "leader"),
-        (&members[3], running(3), "follower"),
+        (&members[1], &hubs[1], "leader"),
+        (&members[2], &hubs[2], "leader"),
+        (&members[3], &hubs[3], "follower"),
     ])
     .await;
     let addr = SocketAddr::new(members[2].ip, port);
-    until_leader_serves(running(2), addr, &pki.ca_pem, &as_follower).await;
+    until_leader_serves(&hubs[2], addr, &pki.ca_pem, &as_follower).await;
     fake.create(SLICES_GVR, endpoint_slice("web-5")).unwrap();
     next_added(&mut seen, Duration::from_secs(5)).await;
     assert_eq!(
@@ -805,13 +805,29 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
         "the follower watched the cloud itself: {watches:?}"
     );
 
+    // The cloud goes away and edge-4's hub restarts: it knows its leaders from the Nodes it
+    // saved, and its kube-proxy gets the leaders' view.
+    fake.refuse_connections();
+    let before = hubs.pop().expect("edge-4");
+    tokio::task::spawn_blocking(move || before.terminate())
+        .await
+        .expect("terminated");
+    hubs.push(start_member(&cluster, &members[3], port, &election));
+    until_roles(&[(&members[3], &hubs[3], "follower")]).await;
+    let offline = until_follower_shares(&hubs[3]).await;
+    assert_eq!(
+        names(&offline),
+        names(&json!({"items": fake.list(SLICES_GVR, None)}))
+    );
+    fake.restore().await;
+
     // yurt-manager writes the pool's ConfigMap: its leaders, not the elected ones.
     fake.create("v1/configmaps", leader_hub_config(POOL, &[&members[3]]))
         .unwrap();
     until_roles(&[
-        (&members[1], running(1), "follower"),
-        (&members[2], running(2), "follower"),
-        (&members[3], running(3), "leader"),
+        (&members[1], &hubs[1], "follower"),
+        (&members[2], &hubs[2], "follower"),
+        (&members[3], &hubs[3], "leader"),
     ])
     .await;
 }

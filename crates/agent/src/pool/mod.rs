@@ -296,8 +296,10 @@ impl PoolSharing {
                 let (outcome, elected) = watch::channel(Arc::default());
                 let candidates = election::Candidates::new(replicas, outcome);
                 let path = election::nodes_of(pool);
+                // Named by the pool, so that a node moved to another pool never starts from the
+                // saved Nodes of its old one.
                 let reflector = Reflector::new(
-                    "pool-candidates",
+                    &format!("pool-candidates-{pool}"),
                     path,
                     self.upstream.clone(),
                     store.clone(),
@@ -379,7 +381,7 @@ impl PoolSharing {
             let sender = self.members.clone();
             let members = OneObject(move |pool: Option<&[u8]>| set_members(&sender, pool));
             let reflector = Reflector::new(
-                "pool-members",
+                &format!("pool-members-{pool}"),
                 path,
                 self.upstream.clone(),
                 store.clone(),

@@ -42,6 +42,13 @@ pub const RETRY_LEADERS: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a leader may take to answer: it waits up to its own sync before it does.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
+/// TCP keepalive on a leader's connection: idle this long, then probed every
+/// [`KEEPALIVE_INTERVAL`] up to [`KEEPALIVE_PROBES`] times. A leader whose host vanishes without
+/// a reset (power, link) would otherwise hold a follower's watch until its timeout; the kernel
+/// ends it within seconds, and the watch resumes on another leader.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(2);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+const KEEPALIVE_PROBES: u32 = 2;
 const USER_AGENT: &str = "outpost/pool-feed";
 
 /// The leaders' recent failures and the round-robin position, shared by a hub's feeds.
@@ -259,6 +266,9 @@ fn leader_client(
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    http.set_keepalive(Some(KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls.clone())
         .https_only()
