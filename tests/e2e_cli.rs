@@ -94,6 +94,11 @@ async fn bad_flags_exit_2_with_one_line() {
         &with(&base, "--min-request-timeout", Some("soon")),
         "--min-request-timeout",
     );
+    let electing = with(&base, "--enable-pool-leader-election", Some("true"));
+    assert_refused(
+        &with(&electing, "--pool-leader-replicas", Some("0")),
+        "--pool-leader-replicas must be at least 1",
+    );
     let mut unknown = base.clone();
     unknown.push("--no-such-flag".into());
     assert_refused(&unknown, "--no-such-flag");

@@ -349,7 +349,8 @@ pub struct HubFlags {
     /// name that are labelled with the pool, Ready and have an InternalIP — the same answer on
     /// every hub. Needs the ClusterRole of manifests/cluster/pool-sharing-rbac.yaml (nodes may
     /// list and watch Nodes). See docs/pool-sharing.md.
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
     pub enable_pool_leader_election: bool,
     /// How many leaders `--enable-pool-leader-election` elects per pool.
     #[arg(long, default_value_t = 2)]
