@@ -376,32 +376,72 @@ async fn the_hubs_own_lists_wait_out_a_429s_retry_after() {
     let hub = cluster.start_hub();
     // Long enough for a 1 s, 2 s backoff to have listed three times.
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let mut lists: std::collections::BTreeMap<String, Vec<std::time::Instant>> = Default::default();
+    let lists = own_refused_reads(&cluster, |path| path == "/api/v1/services");
+    assert!(!lists.is_empty(), "the hub lists Services for itself");
+    assert_waited_out(&lists, Duration::from_secs(3));
+    drop(hub);
+}
+
+/// The same for the hub's config (`yurt-hub-cfg`, pool sharing's ConfigMap): their GETs too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hubs_config_reads_wait_out_a_429s_retry_after() {
+    let cluster = Cluster::start().await;
+    cluster.fake.set_retry_after(3);
+    let config_maps = "/api/v1/namespaces/kube-system/configmaps";
+    cluster.fake.fail_requests_under(config_maps, Some(429));
+    let hub = cluster.start_hub();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let reads = own_refused_reads(&cluster, |path| path.starts_with(config_maps));
+    assert!(
+        reads.keys().any(|who| who.contains("yurt-hub-cfg")),
+        "the hub reads its config: {reads:?}"
+    );
+    assert_waited_out(&reads, Duration::from_secs(3));
+    drop(hub);
+}
+
+/// The hub's own GETs (not watches) answered 429, by caller and path: when each was sent.
+fn own_refused_reads(
+    cluster: &Cluster,
+    path: impl Fn(&str) -> bool,
+) -> std::collections::BTreeMap<String, Vec<std::time::Instant>> {
+    let mut reads: std::collections::BTreeMap<String, Vec<std::time::Instant>> = Default::default();
     for r in cluster.fake.requests() {
         let own = r
             .user_agent
             .as_deref()
-            .is_some_and(|ua| ua.starts_with("outpost/"));
-        if own && r.path == "/api/v1/services" && r.status == 429 && !r.query.contains("watch") {
-            let who = format!("{} {}", r.user_agent.unwrap_or_default(), r.query);
-            lists.entry(who).or_default().push(r.at);
+            .is_some_and(|ua| ua == "outpost" || ua.starts_with("outpost/"));
+        if own && path(&r.path) && r.status == 429 && !r.query.contains("watch") {
+            let who = format!(
+                "{} {} {}",
+                r.user_agent.unwrap_or_default(),
+                r.path,
+                r.query
+            );
+            reads.entry(who).or_default().push(r.at);
         }
     }
-    assert!(!lists.is_empty(), "the hub lists Services for itself");
-    for (who, at) in &lists {
+    reads
+}
+
+/// No read was sent again sooner than `asked` after a refusal, and some were sent again.
+fn assert_waited_out(
+    reads: &std::collections::BTreeMap<String, Vec<std::time::Instant>>,
+    asked: Duration,
+) {
+    for (who, at) in reads {
         for pair in at.windows(2) {
             let gap = pair[1] - pair[0];
             assert!(
-                gap >= Duration::from_secs(3),
-                "{who}: listed again {gap:?} after a 429 asking for 3 s"
+                gap >= asked,
+                "{who}: read again {gap:?} after a 429 asking for {asked:?}"
             );
         }
     }
     assert!(
-        lists.values().any(|at| at.len() >= 2),
-        "the lists were retried: {lists:?}"
+        reads.values().any(|at| at.len() >= 2),
+        "the reads were retried: {reads:?}"
     );
-    drop(hub);
 }
 
 /// The hub's own LISTs of `/api/v1/services` (the filters' and the shared cache's reflectors).

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::own::{Backoff, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS};
+use super::own::{Backoff, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS, retry_after};
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::Upstream;
 
@@ -110,8 +110,10 @@ impl ConfigWatch {
         }
         let mut backoff = Backoff::default();
         loop {
+            // What a refusal's `Retry-After` asked for.
+            let mut refused = None;
             let round = tokio::select! {
-                r = self.sync() => r,
+                r = self.sync(&mut refused) => r,
                 _ = shutdown.changed() => return,
             };
             let wait = match round {
@@ -130,7 +132,7 @@ impl ConfigWatch {
                             true
                         }
                     });
-                    backoff.failed(None)
+                    backoff.failed(refused)
                 }
             };
             tokio::select! {
@@ -140,8 +142,9 @@ impl ConfigWatch {
         }
     }
 
-    /// One GET, then one watch from its resourceVersion until the stream ends.
-    async fn sync(&self) -> Result<(), ProxyError> {
+    /// One GET, then one watch from its resourceVersion until the stream ends; `refused` gets a
+    /// refusal's `Retry-After`.
+    async fn sync(&self, refused: &mut Option<Duration>) -> Result<(), ProxyError> {
         let path = format!(
             "/api/v1/namespaces/{}/configmaps/{}",
             self.namespace, self.name
@@ -161,6 +164,7 @@ impl ConfigWatch {
                 String::new()
             }
             other => {
+                *refused = retry_after(&resp);
                 return Err(bad_reply(format!(
                     "GET {path} answered {other} (check the hub's RBAC in manifests/)"
                 )));
@@ -172,6 +176,7 @@ impl ConfigWatch {
         );
         let resp = OWN.send(&self.upstream, &watch_path).await?;
         if resp.status() != StatusCode::OK {
+            *refused = retry_after(&resp);
             return Err(bad_reply(format!("watch answered {}", resp.status())));
         }
         let mut body = resp.into_body();
