@@ -660,6 +660,18 @@ fn pool_node(cluster: &Cluster, m: &Member, pool: &str, ready: bool) {
     }
 }
 
+/// The bytes of `resource` `hub` counts as received from the cloud.
+async fn wan_bytes(hub: &HubProcess, resource: &str) -> f64 {
+    let label = format!("resource=\"{resource}\"");
+    metrics_text(hub)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("outpost_upstream_received_bytes_total{"))
+        .filter(|l| l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Polls (bounded) until every hub has the role given for it.
 async fn until_roles(hubs: &[(&Member, &HubProcess, &str)]) {
     for (m, hub, role) in hubs {
@@ -748,6 +760,20 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
         .as_str()
         .unwrap()
         .to_owned();
+    // What the follower read from a leader is not counted as bytes from the cloud.
+    // What a follower read from a leader (its filters' Services, edge-3 has no other reader)
+    // is not counted as bytes from the cloud.
+    let from_leader = "outpost_pool_feed_requests_total{outcome=\"ok\",source=\"leader\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&hubs[2], from_leader).await < 1.0 {
+        assert!(Instant::now() < deadline, "edge-3 never read a leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(wan_bytes(&hubs[2], "services").await, 0.0);
+    assert!(
+        wan_bytes(&hubs[0], "services").await > 0.0,
+        "the leader listed the cloud"
+    );
     let client = kube_client(follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
     let slices: Api<EndpointSlice> = Api::all(client);
     let mut events = slices

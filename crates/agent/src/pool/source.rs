@@ -132,7 +132,11 @@ impl PoolSource {
                     // A watch it answered 410 is relisted, not resumed elsewhere.
                     let resumable = resp.status().is_success();
                     self.set_current(Some(leader).filter(|_| resumable));
-                    return Some(Opened { resp, ends });
+                    return Some(Opened {
+                        resp,
+                        ends,
+                        wan: false,
+                    });
                 }
                 Ok(resp) => {
                     self.count("leader", "failed");
@@ -197,7 +201,7 @@ impl Source for PoolSource {
             if follower {
                 self.count("cloud", if sent.is_ok() { "ok" } else { "failed" });
             }
-            let Opened { resp, ends } = sent?;
+            let Opened { resp, ends, wan } = sent?;
             let node = self.pool.settings.node.clone();
             let moved = cloud_ends(self.pool.view(), node, follower);
             let ends = Box::pin(async move {
@@ -206,7 +210,7 @@ impl Source for PoolSource {
                     ends = moved => ends,
                 }
             });
-            Ok(Opened { resp, ends })
+            Ok(Opened { resp, ends, wan })
         })
     }
 

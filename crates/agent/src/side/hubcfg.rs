@@ -152,7 +152,7 @@ impl ConfigWatch {
         let resp = OWN.send(&self.upstream, &path).await?;
         let rv = match resp.status() {
             StatusCode::OK => {
-                let bytes = OWN.collect(&self.upstream, &path, resp).await?;
+                let bytes = OWN.collect(Some(&self.upstream), &path, resp).await?;
                 let cm = self.parse(&bytes)?;
                 self.save(bytes).await;
                 let rv = cm.metadata.resource_version.clone();

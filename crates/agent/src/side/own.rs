@@ -224,10 +224,11 @@ impl OwnGets {
     }
 
     /// The whole body of the answer to [`Self::send`] of `path`, decoded if it came compressed;
-    /// its WAN bytes counted (`outpost_upstream_received_bytes_total`).
+    /// its bytes counted as the cloud's (`outpost_upstream_received_bytes_total`) when `upstream`
+    /// sent it (`None`: a leader hub of the pool did).
     pub async fn collect(
         self,
-        upstream: &Upstream,
+        upstream: Option<&Upstream>,
         path: &str,
         resp: http::Response<hyper::body::Incoming>,
     ) -> Result<Bytes, ProxyError> {
@@ -240,8 +241,10 @@ impl OwnGets {
             .await
             .map(|c| c.to_bytes())
             .map_err(|e| self.bad_reply(e))?;
-        encoding::received_counter(upstream.received_bytes(), &resource, &parts.headers)
-            .inc_by(bytes.len() as u64);
+        if let Some(upstream) = upstream {
+            encoding::received_counter(upstream.received_bytes(), &resource, &parts.headers)
+                .inc_by(bytes.len() as u64);
+        }
         encoding::decoded_bytes(&parts.headers, bytes).map_err(|e| self.bad_reply(e))
     }
 

@@ -102,6 +102,9 @@ pub trait Source: Send + Sync + 'static {
 pub struct Opened {
     pub resp: http::Response<hyper::body::Incoming>,
     pub ends: BoxFuture<'static, Ends>,
+    /// Whether it came over the WAN (from the cloud, not a leader hub of the pool): its bytes
+    /// are counted as the cloud's.
+    pub wan: bool,
 }
 
 /// Why a watch is ended before its stream does.
@@ -126,7 +129,11 @@ impl Source for Cloud {
                 outage.await;
                 Ends::Unhealthy
             });
-            Ok(Opened { resp, ends })
+            Ok(Opened {
+                resp,
+                ends,
+                wan: true,
+            })
         })
     }
 }
@@ -183,9 +190,12 @@ async fn fetch_list(
     path: &str,
     refused: &mut Option<Duration>,
 ) -> Result<Listed, ProxyError> {
-    let resp = source.get(path).await?.resp;
+    let Opened { resp, wan, .. } = source.get(path).await?;
     match resp.status() {
-        StatusCode::OK => Ok(Listed::Items(OWN.collect(upstream, path, resp).await?)),
+        StatusCode::OK => {
+            let counted = wan.then_some(upstream);
+            Ok(Listed::Items(OWN.collect(counted, path, resp).await?))
+        }
         StatusCode::NOT_FOUND => Ok(Listed::NotServed),
         status => {
             *refused = retry_after(&resp);
@@ -370,7 +380,7 @@ impl<H: Handler> Reflector<H> {
             "{}{separator}watch=true&allowWatchBookmarks=true&timeoutSeconds={WATCH_TIMEOUT_SECONDS}&resourceVersion={}",
             self.path, self.resource_version
         );
-        let Opened { resp, ends } = self.source.get(&path).await?;
+        let Opened { resp, ends, .. } = self.source.get(&path).await?;
         if resp.status() != StatusCode::OK {
             self.retry_after = retry_after(&resp);
             return Err(bad_reply(format!("watch answered {}", resp.status())));
