@@ -246,6 +246,36 @@ fn watch_feed_leader(follower: &HubProcess) -> Option<String> {
     Some(line[start..].split_whitespace().next()?.to_owned())
 }
 
+/// A reader's EndpointSlice watch through a follower, and the names it saw added.
+struct SliceWatch {
+    events: futures_util::stream::BoxStream<'static, kube::Result<WatchEvent<EndpointSlice>>>,
+    seen: Vec<String>,
+}
+
+impl SliceWatch {
+    async fn open(slices: &Api<EndpointSlice>, rv: &str) -> SliceWatch {
+        let events = slices
+            .watch(&WatchParams::default().timeout(290), rv)
+            .await
+            .expect("watch through the follower")
+            .boxed();
+        SliceWatch {
+            events,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The next event, which must be an ADDED within `within`.
+    async fn next_added(&mut self, within: Duration) {
+        match tokio::time::timeout(within, self.events.try_next()).await {
+            Ok(Ok(Some(WatchEvent::Added(s)))) => {
+                self.seen.push(s.metadata.name.unwrap_or_default());
+            }
+            other => panic!("expected an ADDED event, got {other:?}"),
+        }
+    }
+}
+
 /// Step 1: the hub's pool from its node's label, and `leader-hub-<pool>` followed live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_follows_its_pools_leader_hub_config_map_live() {
@@ -448,22 +478,10 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
         .as_str()
         .unwrap()
         .to_owned();
-    let mut events = slices
-        .watch(&WatchParams::default().timeout(290), &rv)
-        .await
-        .expect("watch through the follower")
-        .boxed();
-    let mut seen = Vec::new();
-    let mut next_added = async |seen: &mut Vec<String>, within: Duration| {
-        let event = tokio::time::timeout(within, events.try_next()).await;
-        match event {
-            Ok(Ok(Some(WatchEvent::Added(s)))) => seen.push(s.metadata.name.unwrap_or_default()),
-            other => panic!("expected an ADDED event, got {other:?}"),
-        }
-    };
+    let mut watch = SliceWatch::open(&slices, &rv).await;
     fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
-    next_added(&mut seen, Duration::from_secs(10)).await;
-    assert_eq!(seen, ["web-3"]);
+    watch.next_added(Duration::from_secs(10)).await;
+    assert_eq!(watch.seen, ["web-3"]);
 
     // The cloud: the pool's EndpointSlices are watched by leaders only, once each at most; the
     // follower's Services (its filters') come from a leader too.
@@ -499,11 +517,11 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     let killed_at = Instant::now();
     fake.create(SLICES_GVR, endpoint_slice("web-4")).unwrap();
     fake.create(SLICES_GVR, endpoint_slice("web-5")).unwrap();
-    next_added(&mut seen, Duration::from_secs(5)).await;
-    next_added(&mut seen, Duration::from_secs(5)).await;
+    watch.next_added(Duration::from_secs(5)).await;
+    watch.next_added(Duration::from_secs(5)).await;
     let took = killed_at.elapsed();
     assert_eq!(
-        seen,
+        watch.seen,
         ["web-3", "web-4", "web-5"],
         "nothing missed, nothing twice"
     );
@@ -526,9 +544,9 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
     last.signal("KILL");
     let killed_at = Instant::now();
     fake.create(SLICES_GVR, endpoint_slice("web-6")).unwrap();
-    next_added(&mut seen, Duration::from_secs(5)).await;
+    watch.next_added(Duration::from_secs(5)).await;
     assert!(killed_at.elapsed() < Duration::from_secs(5));
-    assert_eq!(seen, ["web-3", "web-4", "web-5", "web-6"]);
+    assert_eq!(watch.seen, ["web-3", "web-4", "web-5", "web-6"]);
     let watches = cloud_slice_watches(&cluster);
     assert_eq!(
         watches
@@ -776,27 +794,15 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     );
     let client = kube_client(follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
     let slices: Api<EndpointSlice> = Api::all(client);
-    let mut events = slices
-        .watch(&WatchParams::default().timeout(290), &rv)
-        .await
-        .expect("watch through the follower")
-        .boxed();
-    let mut seen = Vec::new();
-    let mut next_added = async |seen: &mut Vec<String>, within: Duration| {
-        let event = tokio::time::timeout(within, events.try_next()).await;
-        match event {
-            Ok(Ok(Some(WatchEvent::Added(s)))) => seen.push(s.metadata.name.unwrap_or_default()),
-            other => panic!("expected an ADDED event, got {other:?}"),
-        }
-    };
+    let mut watch = SliceWatch::open(&slices, &rv).await;
     fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
-    next_added(&mut seen, Duration::from_secs(10)).await;
+    watch.next_added(Duration::from_secs(10)).await;
 
     // edge-1's hub dies (kill -9); the cloud marks its Node not ready (the node lifecycle
     // controller's part, once the node's Lease is stale): edge-3 is elected in its place.
     hubs[0].signal("KILL");
     fake.create(SLICES_GVR, endpoint_slice("web-4")).unwrap();
-    next_added(&mut seen, Duration::from_secs(5)).await;
+    watch.next_added(Duration::from_secs(5)).await;
     let watches = cloud_slice_watches(&cluster);
     for follower in ["system:node:edge-3", "system:node:edge-4"] {
         assert!(
@@ -814,9 +820,9 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     let addr = SocketAddr::new(members[2].ip, port);
     until_leader_serves(&hubs[2], addr, &pki.ca_pem, &as_follower).await;
     fake.create(SLICES_GVR, endpoint_slice("web-5")).unwrap();
-    next_added(&mut seen, Duration::from_secs(5)).await;
+    watch.next_added(Duration::from_secs(5)).await;
     assert_eq!(
-        seen,
+        watch.seen,
         ["web-3", "web-4", "web-5"],
         "nothing missed, nothing twice"
     );
