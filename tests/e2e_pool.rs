@@ -863,3 +863,76 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     ])
     .await;
 }
+
+/// A leader that hangs with its connections open (SIGSTOP: its kernel still accepts and
+/// acknowledges, so no reset and no keepalive failure) is noticed by the follower's probes of
+/// its `/healthz`, and the reader's watch goes on from the other leader, missing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_leader_is_left_for_the_other_within_seconds() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    fake.create(SLICES_GVR, endpoint_slice("web-1")).unwrap();
+    let members = [
+        member("edge-1", 2),
+        member("edge-2", 3),
+        member("edge-3", 4),
+    ];
+    node_pool(&cluster, POOL, &["edge-1", "edge-2", "edge-3"]);
+    fake.create(
+        "v1/configmaps",
+        leader_hub_config(POOL, &[&members[0], &members[1]]),
+    )
+    .unwrap();
+    let port = free_port(&members);
+    let pki = fake.pki();
+    let as_follower = node_cert(pki, "edge-3");
+    let leaders: Vec<HubProcess> = members[..2]
+        .iter()
+        .map(|m| start_member(&cluster, m, port, &[]))
+        .collect();
+    for (m, hub) in members.iter().zip(&leaders) {
+        until_leader_serves(hub, SocketAddr::new(m.ip, port), &pki.ca_pem, &as_follower).await;
+    }
+    let follower = start_member(&cluster, &members[2], port, &[]);
+    until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
+    let listed = until_follower_shares(&follower).await;
+    let rv = listed["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
+    let mut watch = SliceWatch::open(&Api::all(client), &rv).await;
+    fake.create(SLICES_GVR, endpoint_slice("web-2")).unwrap();
+    watch.next_added(Duration::from_secs(10)).await;
+
+    let feeding = watch_feed_leader(&follower).expect("fed by a leader");
+    let hung = &leaders[members.iter().position(|m| m.node == feeding).unwrap()];
+    hung.signal("STOP");
+    let stopped_at = Instant::now();
+    fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
+    watch.next_added(Duration::from_secs(10)).await;
+    let took = stopped_at.elapsed();
+    hung.signal("CONT");
+    assert_eq!(
+        watch.seen,
+        ["web-2", "web-3"],
+        "nothing missed, nothing twice"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_ne!(
+        watch_feed_leader(&follower).as_deref(),
+        Some(feeding.as_str())
+    );
+    assert!(
+        follower
+            .log_text()
+            .contains("leader hub stopped answering its probes"),
+        "{}",
+        follower.log_text()
+    );
+    let watches = cloud_slice_watches(&cluster);
+    assert!(
+        !watches.iter().any(|u| u == "system:node:edge-3"),
+        "the follower fell back to the cloud although a leader was left: {watches:?}"
+    );
+}

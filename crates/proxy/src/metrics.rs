@@ -76,8 +76,8 @@ pub struct Metrics {
     pub pool_role: IntGaugeVec,
     /// Pool sharing: changes of the pool's leaders (or of this hub's pool).
     pub pool_leader_changes: IntCounter,
-    /// Pool sharing: requests on the leader hub's port, by outcome (served, unauthenticated,
-    /// forbidden, unavailable, expired).
+    /// Pool sharing: requests on the leader hub's port, by outcome (served, probed,
+    /// unauthenticated, forbidden, unavailable, expired).
     pub pool_port_requests: IntCounterVec,
     /// Pool sharing: lists and watches of a follower's shared cache, by where they went
     /// (leader, cloud) and outcome (ok, failed).
@@ -346,7 +346,7 @@ const POOL_LEADER_CHANGES: Def = Def {
 const POOL_PORT_REQUESTS: Def = Def {
     name: "outpost_pool_port_requests_total",
     help: "Pool sharing: requests on the leader hub's port (--multiplexer-port) by outcome \
-           (served, unauthenticated, forbidden, unavailable, expired).",
+           (served, probed, unauthenticated, forbidden, unavailable, expired).",
     labels: &["outcome"],
 };
 

@@ -9,6 +9,9 @@
 //!   `system:nodes`), a node that is not in this pool (its NodePool's `status.nodes`; an
 //!   unknown node is refused), or a request that is not a LIST or WATCH of a pool-scope resource.
 //!
+//! `GET /healthz` answers `ok` to the same callers while this hub leads: followers probe it
+//! to notice a leader that hangs with its connections open ([`super::source`]).
+//!
 //! Answers come from the shared cache ([`outpost_proxy::multiplexer`]) with its semantics
 //! (selectors, resourceVersion resume, bookmarks); a read it cannot answer is `410 Expired` (a
 //! resourceVersion outside its window: the follower relists) or `503` (not synced within
@@ -36,6 +39,8 @@ use super::{PoolSharing, Role};
 use crate::listen::server;
 use crate::listen::slots::{PortLimits, Slots, port_metrics};
 
+/// What followers probe.
+pub const HEALTH_PATH: &str = "/healthz";
 /// How long a read waits for the shared cache's first list before it is answered 503.
 pub const SYNC_WAIT: Duration = Duration::from_secs(10);
 /// How long after a failed bind the port is tried again.
@@ -120,7 +125,9 @@ impl LeaderPort {
     }
 
     async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
+        let probe = req.uri().path() == HEALTH_PATH;
         let (outcome, resp) = match self.answer(&req).await {
+            Ok(resp) if probe => ("probed", resp),
             Ok(resp) => ("served", resp),
             Err(e) => {
                 let outcome = match &e {
@@ -152,6 +159,9 @@ impl LeaderPort {
             return Err(ProxyError::PoolUnavailable(
                 "this hub is no longer a leader of its pool".into(),
             ));
+        }
+        if info.path == HEALTH_PATH && req.method() == http::Method::GET {
+            return Ok(Response::new(outpost_proxy::body::full("ok")));
         }
         // A bearer token means nothing here: the caller is the node its certificate names.
         let mut headers = req.headers().clone();

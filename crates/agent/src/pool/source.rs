@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -27,7 +28,7 @@ use outpost_proxy::error::ProxyError;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::{Leader, PoolSharing, PoolView, Role};
+use super::{Leader, PoolSharing, PoolView, Role, port};
 use crate::side::reflector::{Cloud, Ends, Opened, Source};
 
 /// How long a feed started with the hub waits for `leader-hub-<pool>` before it decides
@@ -49,6 +50,12 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(2);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_PROBES: u32 = 2;
+/// While a watch from a leader is open, the leader's `/healthz` is asked this often, and this
+/// many answers in a row missing (none within [`PROBE_TIMEOUT`]) end the watch: a leader that
+/// hangs with its connections open (its host answering keepalives) is left within seconds.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+const PROBES_MISSED: u32 = 2;
 const USER_AGENT: &str = "outpost/pool-feed";
 
 /// The leaders' recent failures and the round-robin position, shared by a hub's feeds.
@@ -124,11 +131,18 @@ impl PoolSource {
                     health.answered(&leader);
                     self.count("leader", "ok");
                     debug!(leader = %leader.node, path, "pool-scope feed from a leader hub");
-                    let ends = leader_ends(
+                    let moved = leader_ends(
                         self.pool.view(),
                         self.pool.settings.node.clone(),
                         leader.clone(),
                     );
+                    let hung = self.until_hung(leader.clone());
+                    let ends = Box::pin(async move {
+                        tokio::select! {
+                            ends = moved => ends,
+                            ends = hung => ends,
+                        }
+                    });
                     // A watch it answered 410 is relisted, not resumed elsewhere.
                     let resumable = resp.status().is_success();
                     self.set_current(Some(leader).filter(|_| resumable));
@@ -151,18 +165,26 @@ impl PoolSource {
         None
     }
 
+    /// Resolves once `leader` has missed [`PROBES_MISSED`] probes in a row.
+    fn until_hung(&self, leader: Leader) -> BoxFuture<'static, Ends> {
+        let client = leader_client(&self.pool.upstream.tls().with_identity);
+        let uri = leader_uri(&leader, self.pool.settings.port, port::HEALTH_PATH);
+        Box::pin(async move {
+            let mut missed = 0;
+            while missed < PROBES_MISSED {
+                tokio::time::sleep(PROBE_EVERY).await;
+                let answered = tokio::time::timeout(PROBE_TIMEOUT, probe(&client, &uri)).await;
+                missed = if answered == Ok(true) { 0 } else { missed + 1 };
+            }
+            warn!(leader = %leader.node, ip = %leader.ip, "leader hub stopped answering its probes; watching elsewhere");
+            Ends::Unhealthy
+        })
+    }
+
     /// One GET of `path` to `leader`'s port, as this node.
     async fn send(&self, leader: &Leader, path: &str) -> Result<Response<Incoming>, ProxyError> {
-        let port = self.pool.settings.port;
-        let uri = format!(
-            "https://{}{path}",
-            std::net::SocketAddr::new(leader.ip, port)
-        );
-        let req = Request::get(uri)
-            .header(http::header::USER_AGENT, USER_AGENT)
-            .header(http::header::ACCEPT, "application/json")
-            .body(body::empty())
-            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+        let uri = leader_uri(leader, self.pool.settings.port, path);
+        let req = get(&uri).ok_or_else(|| ProxyError::InvalidRequest(format!("GET {uri}")))?;
         let client = leader_client(&self.pool.upstream.tls().with_identity);
         let server = format!("leader hub {}", leader.node);
         match tokio::time::timeout(HEADER_TIMEOUT, client.request(req)).await {
@@ -262,10 +284,36 @@ fn cloud_ends(
     })
 }
 
+/// Whether the leader answers `uri` (its `/healthz`) with success; the answer read whole, so
+/// that the connection serves the next probe.
+async fn probe(client: &LeaderClient, uri: &str) -> bool {
+    let Some(req) = get(uri) else { return false };
+    match client.request(req).await {
+        Ok(resp) => resp.status().is_success() && resp.into_body().collect().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn leader_uri(leader: &Leader, port: u16, path: &str) -> String {
+    format!(
+        "https://{}{path}",
+        std::net::SocketAddr::new(leader.ip, port)
+    )
+}
+
+/// A GET of `uri` as a follower's feed sends it; `None` when `uri` is not one.
+fn get(uri: &str) -> Option<Request<body::ProxyBody>> {
+    Request::get(uri)
+        .header(http::header::USER_AGENT, USER_AGENT)
+        .header(http::header::ACCEPT, "application/json")
+        .body(body::empty())
+        .ok()
+}
+
 /// A client for one exchange with a leader: the hub's client certificate, the cluster CA.
-fn leader_client(
-    tls: &rustls::ClientConfig,
-) -> Client<hyper_rustls::HttpsConnector<HttpConnector>, body::ProxyBody> {
+type LeaderClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, body::ProxyBody>;
+
+fn leader_client(tls: &rustls::ClientConfig) -> LeaderClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
