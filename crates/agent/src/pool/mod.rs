@@ -291,24 +291,7 @@ impl PoolSharing {
             store.clone(),
         );
         let mut changes = config.subscribe();
-        let (election, mut elected) = match self.settings.election {
-            Some(replicas) => {
-                let (outcome, elected) = watch::channel(Arc::default());
-                let candidates = election::Candidates::new(replicas, outcome);
-                let path = election::nodes_of(pool);
-                // Named by the pool, so that a node moved to another pool never starts from the
-                // saved Nodes of its old one.
-                let reflector = Reflector::new(
-                    &format!("pool-candidates-{pool}"),
-                    path,
-                    self.upstream.clone(),
-                    store.clone(),
-                    candidates,
-                );
-                (Some(reflector), Some(elected))
-            }
-            None => (None, None),
-        };
+        let (election, mut elected) = self.election(pool, store.clone()).unzip();
         // Known once the ConfigMap has been read, and with an election the pool's Nodes.
         let mut reads = vec![config.sync_state()];
         reads.extend(election.as_ref().map(Reflector::sync_state));
@@ -323,18 +306,15 @@ impl PoolSharing {
         let apply = async {
             loop {
                 let cfg = changes.borrow_and_update().clone();
-                let view = match elected.as_mut().map(|e| e.borrow_and_update().clone()) {
-                    Some(elected) => {
-                        set_member_names(&self.members, elected.members.clone());
-                        if cfg.data.is_empty() {
-                            PoolView::elected(pool, &elected)
-                        } else {
-                            PoolView::parse(Some(pool.to_owned()), &cfg)
-                        }
-                    }
-                    None => PoolView::parse(Some(pool.to_owned()), &cfg),
-                };
-                self.publish(view);
+                let outcome = elected.as_mut().map(|e| e.borrow_and_update().clone());
+                if let Some(outcome) = &outcome {
+                    set_member_names(&self.members, outcome.members.clone());
+                }
+                self.publish(match outcome {
+                    // A ConfigMap (yurt-manager's) has the last word.
+                    Some(outcome) if cfg.data.is_empty() => PoolView::elected(pool, &outcome),
+                    _ => PoolView::parse(Some(pool.to_owned()), &cfg),
+                });
                 let elected_changed = async {
                     let changed = match elected.as_mut() {
                         Some(e) => e.changed().await.is_ok(),
@@ -358,6 +338,30 @@ impl PoolSharing {
             }
         };
         tokio::join!(config.run(stop), members, apply, known);
+    }
+
+    /// With `--enable-pool-leader-election`, the reflector of the pool's Nodes and the
+    /// election's outcome.
+    fn election(
+        &self,
+        pool: &str,
+        store: Option<Arc<dyn Store>>,
+    ) -> Option<(
+        Reflector<election::Candidates>,
+        watch::Receiver<Arc<election::Elected>>,
+    )> {
+        let replicas = self.settings.election?;
+        let (outcome, elected) = watch::channel(Arc::default());
+        // Named by the pool, so that a node moved to another pool never starts from the saved
+        // Nodes of its old one.
+        let reflector = Reflector::new(
+            &format!("pool-candidates-{pool}"),
+            election::nodes_of(pool),
+            self.upstream.clone(),
+            store,
+            election::Candidates::new(replicas, outcome),
+        );
+        Some((reflector, elected))
     }
 
     /// The pool's members, from its NodePool, kept while this hub is a leader (who may read
