@@ -24,10 +24,7 @@ pub struct Nginx {
 impl Nginx {
     /// The `nginx` executable on `PATH`, if any.
     pub fn find() -> Option<PathBuf> {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("nginx"))
-            .find(|candidate| candidate.is_file())
+        crate::processes::on_path("nginx")
     }
 
     /// Starts `binary` proxying every path to `https://<upstream>` as the node.
@@ -68,6 +65,11 @@ impl Nginx {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The master's pid (its worker is its child).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// CPU time used so far by the master and its worker (`/proc/<pid>/schedstat`, Linux;
