@@ -120,23 +120,10 @@ impl Nginx {
 
     /// SIGTERM to the master (it stops its worker), bounded; SIGKILL to both if that fails.
     fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        let workers = children_of(self.child.id());
+        if crate::processes::stop(&mut self.child) {
             return;
         }
-        let pid = self.child.id();
-        let workers = children_of(pid);
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let deadline = Instant::now() + DEADLINE;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
         for worker in workers {
             let _ = Command::new("kill")
                 .args(["-KILL", &worker.to_string()])
