@@ -619,7 +619,8 @@ impl Pipeline {
             }
         };
         declare_length(&mut resp);
-        let code = resp.status().as_u16();
+        let status = resp.status();
+        let code = status.as_u16();
         debug!(
             verb,
             resource,
@@ -631,7 +632,7 @@ impl Pipeline {
         );
         self.metrics
             .requests
-            .with_label_values(&[component_label, verb, resource.as_str(), &code.to_string()])
+            .with_label_values(&[component_label, verb, resource.as_str(), status.as_str()])
             .inc();
         crate::work::note_work();
         self.metrics
