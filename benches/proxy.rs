@@ -717,7 +717,8 @@ struct HubLeg {
 
 /// The hub in cloud and edge mode; with `OUTPOST_BENCH_BASE_BIN=<binary>`, that binary too
 /// (`base-cloud`, `base-edge`: a before/after in one run); with `OUTPOST_BENCH_SHAPES=1`, the
-/// cloud hub with one runtime worker (`TOKIO_WORKER_THREADS=1`) and with an HTTP/1.1 upstream.
+/// cloud hub with one and with two runtime workers (`TOKIO_WORKER_THREADS`) and with an
+/// HTTP/1.1 upstream.
 fn hub_legs(outpost: &Path) -> Vec<HubLeg> {
     let leg = |name, binary: &Path, mode, args, envs| HubLeg {
         name,
@@ -742,6 +743,13 @@ fn hub_legs(outpost: &Path) -> Vec<HubLeg> {
             "cloud",
             &[],
             &[("TOKIO_WORKER_THREADS", "1")],
+        ));
+        legs.push(leg(
+            "cloud-2-workers",
+            outpost,
+            "cloud",
+            &[],
+            &[("TOKIO_WORKER_THREADS", "2")],
         ));
         legs.push(leg("cloud-http1", outpost, "cloud", &["--disable-http2"], &[]));
     }
@@ -804,6 +812,8 @@ fn cpu_per_request(legs: &[ProcLeg], shape: &ProcessShape) {
         ("outpost-cloud", "base-cloud"),
         ("outpost-edge", "base-edge"),
         ("cloud-1-worker", "outpost-cloud"),
+        ("cloud-2-workers", "outpost-cloud"),
+        ("cloud-1-worker", "cloud-2-workers"),
         ("cloud-http1", "outpost-cloud"),
     ] {
         if let (Some(x), Some(y)) = (find(a), find(b)) {
