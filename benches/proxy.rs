@@ -23,6 +23,15 @@
 //! throughput of interleaved rounds, with the ratios against `direct` (and the hub against
 //! nginx), and how many of the edge hub's cache writes were stored or dropped.
 //! Run: `cargo bench -p outpost-benches --bench proxy`.
+//!
+//! First, every proxy as a process of its own ([`process_comparison`], `processes.rs`): the
+//! release `outpost` binary in cloud and edge mode, nginx, haproxy and Go's
+//! `httputil.ReverseProxy`, all in front of a Go canned HTTPS upstream (`go/upstream`, so the
+//! upstream is never the bottleneck): each proxy's CPU per small GET (utime + stime of the
+//! process under `wrk -t1 -c8`), req/s, and p50/p99 of sequential small GETs and 1 MB LISTs.
+//! Build the binary first (`cargo build --release -p outpost`); a missing tool skips its leg
+//! with a message. `-- processes` runs this part alone, `--quick` shortens it;
+//! `OUTPOST_BENCH_BASE_BIN` and `OUTPOST_BENCH_SHAPES` add legs ([`hub_legs`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
