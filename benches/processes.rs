@@ -41,9 +41,7 @@ fn profile_dir() -> Option<PathBuf> {
 pub fn outpost_bin() -> Result<PathBuf, String> {
     let bin = match std::env::var_os("OUTPOST_BIN") {
         Some(bin) => PathBuf::from(bin),
-        None => profile_dir()
-            .ok_or("no target directory")?
-            .join("outpost"),
+        None => profile_dir().ok_or("no target directory")?.join("outpost"),
     };
     if bin.is_file() {
         Ok(bin)
@@ -288,8 +286,8 @@ pub fn stop(child: &mut Child) -> bool {
 /// utime + stime (`/proc/<pid>/stat`, every thread of the process, USER_HZ = 100) of `pid` and
 /// of its direct children (nginx's worker). Linux only; zero elsewhere.
 pub fn process_tree_cpu(pid: u32) -> Duration {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default();
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
     std::iter::once(pid)
         .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
         .map(|p| crate::stat_cpu(Path::new(&format!("/proc/{p}"))))

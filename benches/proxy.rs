@@ -558,7 +558,9 @@ impl ProcLeg {
 fn canned_bodies(rt: &tokio::runtime::Runtime, upstream: &Upstream, dir: &Path) -> [PathBuf; 2] {
     let client = tls_client(upstream);
     let read = |path: &str| {
-        let uri = format!("{}{path}", upstream.fake.url()).parse().expect("uri");
+        let uri = format!("{}{path}", upstream.fake.url())
+            .parse()
+            .expect("uri");
         let fetched = rt.block_on(kubelet_get(&client, &uri));
         assert_eq!(fetched.status, 200, "{path}");
         fetched.body
@@ -704,7 +706,11 @@ fn process_comparison(rt: &tokio::runtime::Runtime, upstream: &Upstream) {
     }
     println!(
         "processes: upstream {}, outpost {}; legs: {}",
-        if go_upstream.is_some() { "Go canned" } else { "the fake" },
+        if go_upstream.is_some() {
+            "Go canned"
+        } else {
+            "the fake"
+        },
         outpost.display(),
         legs.iter().map(|l| l.name).collect::<Vec<_>>().join(", ")
     );
@@ -760,7 +766,13 @@ fn hub_legs(outpost: &Path) -> Vec<HubLeg> {
             &[],
             &[("TOKIO_WORKER_THREADS", "2")],
         ));
-        legs.push(leg("cloud-http1", outpost, "cloud", &["--disable-http2"], &[]));
+        legs.push(leg(
+            "cloud-http1",
+            outpost,
+            "cloud",
+            &["--disable-http2"],
+            &[],
+        ));
     }
     legs
 }
