@@ -6,6 +6,7 @@
 
 pub mod full_node;
 pub mod nginx;
+pub mod processes;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -460,6 +461,8 @@ pub fn threads_cpu(prefix: &str) -> Duration {
     total
 }
 
+/// utime + stime of the task or process at `task` (`/proc/<pid>[/task/<tid>]`), in clock ticks
+/// (USER_HZ = 100); for a process, every thread it had.
 fn stat_cpu(task: &Path) -> Duration {
     let Ok(stat) = std::fs::read_to_string(task.join("stat")) else {
         return Duration::ZERO;

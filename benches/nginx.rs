@@ -24,10 +24,7 @@ pub struct Nginx {
 impl Nginx {
     /// The `nginx` executable on `PATH`, if any.
     pub fn find() -> Option<PathBuf> {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join("nginx"))
-            .find(|candidate| candidate.is_file())
+        crate::processes::on_path("nginx")
     }
 
     /// Starts `binary` proxying every path to `https://<upstream>` as the node.
@@ -68,6 +65,11 @@ impl Nginx {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The master's pid (its worker is its child).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// CPU time used so far by the master and its worker (`/proc/<pid>/schedstat`, Linux;
@@ -118,23 +120,10 @@ impl Nginx {
 
     /// SIGTERM to the master (it stops its worker), bounded; SIGKILL to both if that fails.
     fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
+        let workers = children_of(self.child.id());
+        if crate::processes::stop(&mut self.child) {
             return;
         }
-        let pid = self.child.id();
-        let workers = children_of(pid);
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let deadline = Instant::now() + DEADLINE;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
         for worker in workers {
             let _ = Command::new("kill")
                 .args(["-KILL", &worker.to_string()])

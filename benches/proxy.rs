@@ -23,8 +23,18 @@
 //! throughput of interleaved rounds, with the ratios against `direct` (and the hub against
 //! nginx), and how many of the edge hub's cache writes were stored or dropped.
 //! Run: `cargo bench -p outpost-benches --bench proxy`.
+//!
+//! First, every proxy as a process of its own ([`process_comparison`], `processes.rs`): the
+//! release `outpost` binary in cloud and edge mode, nginx, haproxy and Go's
+//! `httputil.ReverseProxy`, all in front of a Go canned HTTPS upstream (`go/upstream`, so the
+//! upstream is never the bottleneck): each proxy's CPU per small GET (utime + stime of the
+//! process under `wrk -t1 -c8`), req/s, and p50/p99 of sequential small GETs and 1 MB LISTs.
+//! Build the binary first (`cargo build --release -p outpost`); a missing tool skips its leg
+//! with a message. `-- processes` runs this part alone, `--quick` shortens it;
+//! `OUTPOST_BENCH_BASE_BIN` and `OUTPOST_BENCH_SHAPES` add legs ([`hub_legs`]).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,8 +45,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_benches::nginx::Nginx;
+use outpost_benches::processes::{self, Proc};
 use outpost_benches::{
-    HubThread, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get, micros,
+    HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get, micros,
     node_pods_path, percentile, plain_client, seed_pods, threads_cpu,
 };
 use outpost_testkit::FakeConfig;
@@ -162,6 +173,12 @@ fn online(c: &mut Criterion) {
     let rt = bench_runtime();
     let upstream = rt.block_on(Upstream::start(FakeConfig::default()));
     seed_pods(&upstream.fake, LIST_PODS, 0);
+    process_comparison(&rt, &upstream);
+    if std::env::args().any(|a| a == "processes") {
+        // `-- processes`: the process comparison alone (no criterion benchmark has that name).
+        rt.block_on(upstream.shutdown());
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = SledCache::open(dir.path());
     let hub = HubThread::start(upstream.hub_config(None), HUB_CLOUD, HUB_WORKERS);
@@ -474,3 +491,454 @@ fn list_throughput(
 
 criterion_group!(benches, online);
 criterion_main!(benches);
+
+/// How long and how often the process comparison runs (`--quick`: about a fifth).
+struct ProcessShape {
+    wrk_rounds: usize,
+    wrk_seconds: u64,
+    get_blocks: usize,
+    list_rounds: usize,
+    list_batch: usize,
+}
+
+impl ProcessShape {
+    fn from_args() -> ProcessShape {
+        if std::env::args().any(|a| a == "--quick") {
+            ProcessShape {
+                wrk_rounds: 1,
+                wrk_seconds: 2,
+                get_blocks: 5,
+                list_rounds: 2,
+                list_batch: 5,
+            }
+        } else {
+            ProcessShape {
+                wrk_rounds: 3,
+                wrk_seconds: 4,
+                get_blocks: GET_BLOCKS,
+                list_rounds: LIST_ROUNDS,
+                list_batch: LIST_BATCH,
+            }
+        }
+    }
+}
+
+/// A proxy running as a process of its own, for the per-request CPU comparison.
+struct ProcLeg {
+    name: &'static str,
+    base: String,
+    pid: u32,
+    /// The hub in edge mode: let its cache writer finish before reading its CPU.
+    caches: bool,
+}
+
+impl ProcLeg {
+    fn cpu(&self) -> Duration {
+        processes::process_tree_cpu(self.pid)
+    }
+
+    /// Waits (bounded) until the process's CPU stops moving, so that work behind the answers
+    /// (the edge hub's cache writer) is counted with the requests that caused it.
+    fn settle(&self) -> Duration {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = self.cpu();
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(if self.caches { 300 } else { 50 }));
+            let now = self.cpu();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        last
+    }
+}
+
+/// The canned bodies the Go upstream serves, read once from the fake: the Node and the pod LIST.
+fn canned_bodies(rt: &tokio::runtime::Runtime, upstream: &Upstream, dir: &Path) -> [PathBuf; 2] {
+    let client = tls_client(upstream);
+    let read = |path: &str| {
+        let uri = format!("{}{path}", upstream.fake.url())
+            .parse()
+            .expect("uri");
+        let fetched = rt.block_on(kubelet_get(&client, &uri));
+        assert_eq!(fetched.status, 200, "{path}");
+        fetched.body
+    };
+    let node = dir.join("node.json");
+    let list = dir.join("list.json");
+    std::fs::write(&node, read(GET_PATH)).expect("node.json");
+    std::fs::write(&list, read(&node_pods_path())).expect("list.json");
+    [node, list]
+}
+
+fn tls_client(upstream: &Upstream) -> TlsClient {
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(upstream.tls.with_identity.as_ref().clone())
+        .https_only()
+        .enable_http1()
+        .build();
+    Client::builder(TokioExecutor::new()).build(https)
+}
+
+/// The Go canned upstream when `go` is there (the proxies then never wait on the fake), else
+/// the fake itself.
+fn fast_upstream(upstream: &Upstream, dir: &Path, bodies: &[PathBuf; 2]) -> Option<Proc> {
+    let pki = upstream.fake.pki();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("PEM file");
+        path.display().to_string()
+    };
+    let args = vec![
+        format!("-cert={}", write("server.crt", &pki.server.cert_pem)),
+        format!("-key={}", write("server.key", &pki.server.key_pem)),
+        format!("-ca={}", write("ca.crt", &pki.ca_pem)),
+        format!("{GET_PATH}={}", bodies[0].display()),
+        format!("/api/v1/pods={}", bodies[1].display()),
+    ];
+    match processes::go_build("upstream").and_then(|b| Proc::go("go-upstream", &b, &args)) {
+        Ok(proc) => Some(proc),
+        Err(e) => {
+            println!("processes: the Go upstream is skipped ({e}); the fake serves instead");
+            None
+        }
+    }
+}
+
+/// Every proxy as a process of its own in front of one fast upstream, in the same run: the
+/// proxy's CPU per request (utime + stime of the process, all its threads, over `wrk -t1 -c8`
+/// on the small GET, after its cache writer settled), req/s, and p50/p99 of sequential
+/// keep-alive GETs of the small GET and the 1 MB LIST (interleaved blocks).
+fn process_comparison(rt: &tokio::runtime::Runtime, upstream: &Upstream) {
+    let shape = ProcessShape::from_args();
+    let outpost = match processes::outpost_bin() {
+        Ok(bin) => bin,
+        Err(e) => {
+            println!("processes: skipped: {e}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bodies = canned_bodies(rt, upstream, dir.path());
+    let go_upstream = fast_upstream(upstream, dir.path(), &bodies);
+    let upstream_addr = go_upstream
+        .as_ref()
+        .map_or(upstream.fake.addr(), Proc::addr);
+    let identity = upstream
+        .write_node_pem_files(dir.path())
+        .expect("node PEM files");
+    let node_files = upstream
+        .fake
+        .pki()
+        .write_node_files(&dir.path().join("kubelet"), NODE)
+        .expect("node files");
+
+    let mut procs: Vec<Proc> = Vec::new();
+    for hub in hub_legs(&outpost) {
+        let root = dir.path().join(hub.name);
+        let mut args = vec![
+            format!("--server-addr=https://{upstream_addr}"),
+            format!("--node-name={NODE}"),
+            "--nodepool-name=pool-a".into(),
+            "--bootstrap-mode=kubeletcertificate".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                node_files.client_pem.display()
+            ),
+            format!("--kubelet-ca-file={}", node_files.ca_crt.display()),
+            "--proxy-port=0".into(),
+            "--serve-port=0".into(),
+            "--proxy-secure-port=0".into(),
+            format!("--root-dir={}", root.join("root").display()),
+            format!("--disk-cache-path={}", root.join("cache").display()),
+            "--enable-dummy-if=false".into(),
+            "--kubelet-healthz-url=".into(),
+            format!("--working-mode={}", hub.mode),
+        ];
+        args.extend(hub.args.iter().map(|a| (*a).to_owned()));
+        match Proc::outpost(hub.name, &hub.binary, &args, hub.envs) {
+            Ok(p) => procs.push(p),
+            Err(e) => println!("processes: {} skipped: {e}", hub.name),
+        }
+    }
+    let nginx = Nginx::find().and_then(|bin| {
+        Nginx::start(&bin, upstream_addr, &identity)
+            .map_err(|e| println!("processes: nginx skipped: {e}"))
+            .ok()
+    });
+    match processes::on_path("haproxy") {
+        None => println!("processes: haproxy skipped: not on PATH (apt-get install haproxy)"),
+        Some(bin) => match Proc::haproxy(&bin, upstream_addr, &identity) {
+            Ok(p) => procs.push(p),
+            Err(e) => println!("processes: haproxy skipped: {e}"),
+        },
+    }
+    let go_rp = processes::go_build("reverseproxy").and_then(|bin| {
+        let args = [
+            format!("-upstream=https://{upstream_addr}"),
+            format!("-cert={}", identity.cert.display()),
+            format!("-key={}", identity.key.display()),
+            format!("-ca={}", identity.ca.display()),
+        ];
+        Proc::go("go-reverseproxy", &bin, &args)
+    });
+    match go_rp {
+        Ok(p) => procs.push(p),
+        Err(e) => println!("processes: go-reverseproxy skipped: {e}"),
+    }
+    let mut legs: Vec<ProcLeg> = procs
+        .iter()
+        .map(|p| ProcLeg {
+            name: p.name,
+            base: format!("http://{}", p.addr()),
+            pid: p.pid(),
+            caches: p.name.ends_with("-edge"),
+        })
+        .collect();
+    if let Some(n) = &nginx {
+        legs.push(ProcLeg {
+            name: "nginx",
+            base: format!("http://{}", n.addr()),
+            pid: n.pid(),
+            caches: false,
+        });
+    }
+    println!(
+        "processes: upstream {}, outpost {}; legs: {}",
+        if go_upstream.is_some() {
+            "Go canned"
+        } else {
+            "the fake"
+        },
+        outpost.display(),
+        legs.iter().map(|l| l.name).collect::<Vec<_>>().join(", ")
+    );
+    cpu_per_request(&legs, &shape);
+    process_latencies(rt, upstream, upstream_addr, &legs, &shape);
+    drop(procs);
+    drop(nginx);
+    drop(go_upstream);
+}
+
+/// One hub process of the comparison.
+struct HubLeg {
+    name: &'static str,
+    binary: PathBuf,
+    mode: &'static str,
+    args: &'static [&'static str],
+    envs: &'static [(&'static str, &'static str)],
+}
+
+/// The hub in cloud and edge mode; with `OUTPOST_BENCH_BASE_BIN=<binary>`, that binary too
+/// (`base-cloud`, `base-edge`: a before/after in one run); with `OUTPOST_BENCH_SHAPES=1`, the
+/// cloud hub with one and with two runtime workers (`TOKIO_WORKER_THREADS`) and with an
+/// HTTP/1.1 upstream.
+fn hub_legs(outpost: &Path) -> Vec<HubLeg> {
+    let leg = |name, binary: &Path, mode, args, envs| HubLeg {
+        name,
+        binary: binary.to_path_buf(),
+        mode,
+        args,
+        envs,
+    };
+    let mut legs = vec![
+        leg("outpost-cloud", outpost, "cloud", &[], &[]),
+        leg("outpost-edge", outpost, "edge", &[], &[]),
+    ];
+    if let Some(base) = std::env::var_os("OUTPOST_BENCH_BASE_BIN") {
+        let base = PathBuf::from(base);
+        legs.push(leg("base-cloud", &base, "cloud", &[], &[]));
+        legs.push(leg("base-edge", &base, "edge", &[], &[]));
+    }
+    if std::env::var("OUTPOST_BENCH_SHAPES").is_ok_and(|v| v == "1") {
+        legs.push(leg(
+            "cloud-1-worker",
+            outpost,
+            "cloud",
+            &[],
+            &[("TOKIO_WORKER_THREADS", "1")],
+        ));
+        legs.push(leg(
+            "cloud-2-workers",
+            outpost,
+            "cloud",
+            &[],
+            &[("TOKIO_WORKER_THREADS", "2")],
+        ));
+        legs.push(leg(
+            "cloud-http1",
+            outpost,
+            "cloud",
+            &["--disable-http2"],
+            &[],
+        ));
+    }
+    legs
+}
+
+/// `wrk -t1 -c8` on the small GET per leg, in interleaved rounds; CPU per request and req/s.
+fn cpu_per_request(legs: &[ProcLeg], shape: &ProcessShape) {
+    if processes::on_path("wrk").is_none() {
+        println!("processes: CPU per request skipped: no `wrk` on PATH (apt-get install wrk)");
+        return;
+    }
+    let mut per_request: Vec<Vec<Duration>> = vec![Vec::new(); legs.len()];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); legs.len()];
+    let duration = Duration::from_secs(shape.wrk_seconds);
+    for _ in 0..shape.wrk_rounds {
+        for (i, leg) in legs.iter().enumerate() {
+            let url = format!("{}{GET_PATH}", leg.base);
+            // Warm-up: connections, pools, the cache's first write.
+            processes::wrk(&url, 8, Duration::from_secs(1)).expect("wrk warm-up");
+            let before = leg.settle();
+            let run = processes::wrk(&url, 8, duration).expect("wrk");
+            let after = leg.settle();
+            per_request[i].push(after.saturating_sub(before) / run.requests as u32);
+            rates[i].push(run.per_second());
+        }
+    }
+    println!(
+        "proxy CPU per small GET (utime+stime of the process, all threads, /proc/<pid>/stat; \
+         wrk -t1 -c8 -d{}s, {} interleaved rounds; median, range):",
+        shape.wrk_seconds, shape.wrk_rounds
+    );
+    let medians: Vec<Duration> = per_request
+        .iter()
+        .map(|v| outpost_benches::median(v.clone()))
+        .collect();
+    for ((leg, cpu), rate) in legs.iter().zip(&per_request).zip(&rates) {
+        println!(
+            "  {:<16} CPU/GET {:>7} ({} … {})  req/s {:>8.0} ({:.0} … {:.0})",
+            leg.name,
+            micros(outpost_benches::median(cpu.clone())),
+            micros(*cpu.iter().min().expect("runs")),
+            micros(*cpu.iter().max().expect("runs")),
+            outpost_benches::median(rate.clone()),
+            rate.iter().copied().fold(f64::INFINITY, f64::min),
+            rate.iter().copied().fold(0.0, f64::max),
+        );
+    }
+    let find = |name: &str| legs.iter().position(|l| l.name == name).map(|i| medians[i]);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    if let Some(cloud) = find("outpost-cloud") {
+        for base in ["nginx", "haproxy", "go-reverseproxy"] {
+            if let Some(b) = find(base) {
+                println!("  outpost-cloud ÷ {base} CPU/GET: {:.3}", ratio(cloud, b));
+            }
+        }
+    }
+    for (a, b) in [
+        ("outpost-edge", "outpost-cloud"),
+        ("outpost-cloud", "base-cloud"),
+        ("outpost-edge", "base-edge"),
+        ("cloud-1-worker", "outpost-cloud"),
+        ("cloud-2-workers", "outpost-cloud"),
+        ("cloud-1-worker", "cloud-2-workers"),
+        ("cloud-http1", "outpost-cloud"),
+    ] {
+        if let (Some(x), Some(y)) = (find(a), find(b)) {
+            println!("  {a} ÷ {b} CPU/GET: {:.3}", ratio(x, y));
+        }
+    }
+}
+
+/// p50/p99 of sequential keep-alive GETs (small GET, 1 MB LIST) per leg and direct, in
+/// interleaved blocks.
+fn process_latencies(
+    rt: &tokio::runtime::Runtime,
+    upstream: &Upstream,
+    upstream_addr: std::net::SocketAddr,
+    legs: &[ProcLeg],
+    shape: &ProcessShape,
+) {
+    let direct = tls_client(upstream);
+    let plain = plain_client();
+    let direct_base = format!("https://localhost:{}", upstream_addr.port());
+    let list_path = node_pods_path();
+    let get = |base: &str, path: &str, tls: bool| {
+        let uri: http::Uri = format!("{base}{path}").parse().expect("uri");
+        let started = Instant::now();
+        let fetched = rt.block_on(async {
+            if tls {
+                kubelet_get(&direct, &uri).await
+            } else {
+                kubelet_get(&plain, &uri).await
+            }
+        });
+        assert_eq!(fetched.status, 200, "{uri}");
+        started.elapsed()
+    };
+    let names: Vec<&str> = std::iter::once("direct")
+        .chain(legs.iter().map(|l| l.name))
+        .collect();
+    let bases: Vec<&str> = std::iter::once(direct_base.as_str())
+        .chain(legs.iter().map(|l| l.base.as_str()))
+        .collect();
+    let settle = |i: usize| {
+        if i > 0 && legs[i - 1].caches {
+            legs[i - 1].settle();
+        }
+    };
+    let mut gets: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    let mut lists: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    for _ in 0..shape.get_blocks {
+        for (i, base) in bases.iter().enumerate() {
+            for _ in 0..BLOCK_WARM_UP {
+                get(base, GET_PATH, i == 0);
+            }
+            for _ in 0..GET_BLOCK {
+                gets[i].push(get(base, GET_PATH, i == 0));
+            }
+            settle(i);
+        }
+    }
+    for _ in 0..shape.list_rounds {
+        for (i, base) in bases.iter().enumerate() {
+            get(base, &list_path, i == 0);
+            for _ in 0..shape.list_batch {
+                lists[i].push(get(base, &list_path, i == 0));
+            }
+            settle(i);
+        }
+    }
+    println!(
+        "sequential keep-alive latency ({} small GETs, {} 1 MB LISTs per leg, interleaved):",
+        shape.get_blocks * GET_BLOCK,
+        shape.list_rounds * shape.list_batch
+    );
+    let mut table = Vec::new();
+    for ((name, g), l) in names.iter().zip(gets.iter_mut()).zip(lists.iter_mut()) {
+        g.sort();
+        l.sort();
+        let row = [
+            percentile(g, 0.5),
+            percentile(g, 0.99),
+            percentile(l, 0.5),
+            percentile(l, 0.99),
+        ];
+        println!(
+            "  {name:<16} GET p50 {:>7} p99 {:>7}   LIST p50 {:>9} p99 {:>9}",
+            micros(row[0]),
+            micros(row[1]),
+            outpost_benches::millis(row[2]),
+            outpost_benches::millis(row[3]),
+        );
+        table.push((*name, row));
+    }
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    let row = |name: &str| table.iter().find(|(n, _)| *n == name).map(|(_, r)| *r);
+    for base in ["direct", "nginx", "outpost-cloud", "base-cloud"] {
+        let Some(b) = row(base) else { continue };
+        let hub = |n: &str| n.starts_with("outpost") || n.starts_with("base-");
+        for (name, r) in table.iter().filter(|(n, _)| hub(n) && *n != base) {
+            println!(
+                "  {name} ÷ {base}: GET p50 {:.3} p99 {:.3}   LIST p50 {:.3} p99 {:.3}",
+                ratio(r[0], b[0]),
+                ratio(r[1], b[1]),
+                ratio(r[2], b[2]),
+                ratio(r[3], b[3]),
+            );
+        }
+    }
+}

@@ -36,6 +36,48 @@ pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
     body.map_err(BoxError::from).boxed()
 }
 
+/// `inner`, with `on_data` told the length of every data frame as it passes (byte counters,
+/// work accounting). The end and the size hint are the inner body's, so a relayed answer keeps
+/// its `Content-Length`.
+pub fn counted<F>(inner: ProxyBody, on_data: F) -> ProxyBody
+where
+    F: FnMut(usize) + Send + Sync + Unpin + 'static,
+{
+    Counted { inner, on_data }.boxed()
+}
+
+struct Counted<F> {
+    inner: ProxyBody,
+    on_data: F,
+}
+
+impl<F: FnMut(usize) + Unpin> Body for Counted<F> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && let Some(data) = frame.data_ref()
+        {
+            (this.on_data)(data.len());
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// `body` until `stop` resolves, then a clean end, as when the apiserver closes a watch at its
 /// timeout: the client watches again from the last version it saw. What has arrived is passed on
 /// first; the rest of `body` is dropped unread (for an upstream body, with its connection).

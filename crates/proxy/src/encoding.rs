@@ -19,12 +19,12 @@ use flate2::Compression;
 use flate2::write::{GzDecoder, GzEncoder};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Response};
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use outpost_core::Verb;
 use prometheus::{IntCounter, IntCounterVec};
 
-use crate::body::{BoxError, ProxyBody};
+use crate::body::{self, BoxError, ProxyBody};
 
 /// Marks a response whose gzip body the hub decoded.
 #[derive(Debug, Clone, Copy)]
@@ -111,7 +111,7 @@ pub fn count_received(
     resource: &str,
 ) -> Response<ProxyBody> {
     let counted = received_counter(counter, resource, resp.headers());
-    resp.map(|inner| Counted { inner, counted }.boxed())
+    resp.map(|inner| body::counted(inner, move |n| counted.inc_by(n as u64)))
 }
 
 /// The counter for one upstream answer of `resource` with these headers.
@@ -132,37 +132,6 @@ pub fn decoded_bytes(headers: &HeaderMap, body: Bytes) -> Result<Bytes, std::io:
     let mut decoder = GzDecoder::new(Vec::new());
     decoder.write_all(&body)?;
     Ok(decoder.finish()?.into())
-}
-
-struct Counted {
-    inner: ProxyBody,
-    counted: IntCounter,
-}
-
-impl Body for Counted {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            self.counted.inc_by(data.len() as u64);
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 enum Coder {

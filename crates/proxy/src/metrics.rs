@@ -6,15 +6,29 @@
 //! (`node_yurthub_*`, `openyurt_version_info`) are derived from these at scrape time
 //! ([`yurthub_families`]), so that dashboards and alerts written for yurthub keep working.
 
+use std::sync::Arc;
+
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
-/// Handles to every metric the proxy updates.
+/// Handles to every metric the proxy updates ([`Handles`]), shared: a clone is one reference
+/// count, not one per metric (tees and filters take one per request).
 #[derive(Clone)]
-pub struct Metrics {
+pub struct Metrics(Arc<Handles>);
+
+impl std::ops::Deref for Metrics {
+    type Target = Handles;
+
+    fn deref(&self) -> &Handles {
+        &self.0
+    }
+}
+
+/// Every metric the proxy updates.
+pub struct Handles {
     registry: Registry,
     pub requests: IntCounterVec,
     pub in_flight: IntGaugeVec,
@@ -360,7 +374,7 @@ const POOL_FEED_REQUESTS: Def = Def {
 impl Metrics {
     pub fn new() -> Self {
         let r = Registrar(Registry::new());
-        let metrics = Metrics {
+        let metrics = Handles {
             requests: r.counters(REQUESTS),
             in_flight: r.gauges(IN_FLIGHT),
             upstream_connections: r.gauges(UPSTREAM_CONNECTIONS),
@@ -408,7 +422,7 @@ impl Metrics {
                 prometheus::process_collector::ProcessCollector::for_self(),
             ))
             .expect("process metric names are unique");
-        metrics
+        Metrics(Arc::new(metrics))
     }
 
     /// The expiry of the client certificate presented now (the only one with a value).

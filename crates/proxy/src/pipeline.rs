@@ -619,7 +619,8 @@ impl Pipeline {
             }
         };
         declare_length(&mut resp);
-        let code = resp.status().as_u16();
+        let status = resp.status();
+        let code = status.as_u16();
         debug!(
             verb,
             resource,
@@ -631,7 +632,7 @@ impl Pipeline {
         );
         self.metrics
             .requests
-            .with_label_values(&[component_label, verb, resource.as_str(), &code.to_string()])
+            .with_label_values(&[component_label, verb, resource.as_str(), status.as_str()])
             .inc();
         crate::work::note_work();
         self.metrics
@@ -727,23 +728,19 @@ fn counted(
     bytes: prometheus::IntCounter,
     in_flight: Option<InFlight>,
 ) -> ProxyBody {
-    body.map_frame(move |frame| {
+    body::counted(body, move |len| {
         let _still_in_flight = &in_flight;
-        if let Some(data) = frame.data_ref() {
-            bytes.inc_by(data.len() as u64);
-            crate::work::note_work();
-        }
-        frame
+        bytes.inc_by(len as u64);
+        crate::work::note_work();
     })
-    .boxed()
 }
 
 /// Gives a whole body the hub made itself (a cached object, a Status, a lease answered
-/// locally) its `Content-Length`; the filter stage sets the new length of what it rewrites. The
-/// byte counting in [`Pipeline::observe_body`] hides the body's size from hyper, which would
-/// otherwise send it chunked: a client then needs one more read for the closing chunk (an
-/// offline GET took markedly longer so). Relayed headers and streams are left alone, and so are the
-/// statuses that must not carry a length.
+/// locally) its `Content-Length`; the filter stage sets the new length of what it rewrites.
+/// Without one, a body whose size is not known to hyper goes out chunked: a client then needs
+/// one more read for the closing chunk (an offline GET took markedly longer so). The byte
+/// counting ([`body::counted`]) passes the size on. Relayed headers and streams are left
+/// alone, and so are the statuses that must not carry a length.
 fn declare_length(resp: &mut Response<ProxyBody>) {
     let status = resp.status();
     if status.is_informational()
@@ -936,6 +933,18 @@ mod tests {
         assert_eq!(body.to_bytes().len() as u64, 2 * FRAMES);
         assert_eq!(bytes.get(), 2 * FRAMES);
         assert!(crate::work::work_done() >= before + FRAMES);
+    }
+
+    /// Without the size passed on, hyper sends a body whose headers carry no `Content-Length`
+    /// chunked, though its length is known.
+    #[tokio::test]
+    async fn the_counted_body_keeps_its_size_and_counts_every_byte() {
+        let bytes = prometheus::IntCounter::new("bytes", "test").unwrap();
+        let body = counted(body::full("{\"kind\":\"Node\"}"), bytes.clone(), None);
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(15));
+        let read = body.collect().await.unwrap().to_bytes();
+        assert_eq!(read.len(), 15);
+        assert_eq!(bytes.get(), 15);
     }
 
     #[test]

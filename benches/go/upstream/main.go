@@ -1,0 +1,75 @@
+// A canned HTTPS "apiserver" for benches/proxy.rs: it answers from bodies read at start, so
+// that the proxies in front of it, not the upstream, are what the bench measures. Client
+// certificates are required and checked against the CA, as kube-apiserver does; HTTP/2 and
+// HTTP/1.1 are offered by ALPN. Routes are `path=file` arguments (the request's path, query
+// ignored); a watch (`watch=true`) is answered with headers and then held open; /healthz,
+// /readyz and /livez answer "ok"; any other path a 404 Status. The listening address is
+// printed on stdout's first line.
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+)
+
+const notFound = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"NotFound","code":404}`
+
+func main() {
+	cert := flag.String("cert", "", "serving certificate (PEM)")
+	key := flag.String("key", "", "its key (PEM)")
+	ca := flag.String("ca", "", "CA of the client certificates (PEM)")
+	flag.Parse()
+	bodies := map[string][]byte{}
+	for _, route := range flag.Args() {
+		i := strings.LastIndex(route, "=")
+		body, err := os.ReadFile(route[i+1:])
+		if i < 0 || err != nil {
+			log.Fatalf("route %q: %v", route, err)
+		}
+		bodies[route[:i]] = body
+	}
+	caPEM, err := os.ReadFile(*ca)
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/livez":
+			w.Write([]byte("ok"))
+		case r.URL.Query().Get("watch") == "true" || r.URL.Query().Get("watch") == "1":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		case bodies[r.URL.Path] != nil:
+			body := bodies[r.URL.Path]
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.Write(body)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			w.Write([]byte(notFound))
+		}
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(ln.Addr())
+	server := &http.Server{
+		Handler:   handler,
+		TLSConfig: &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool},
+	}
+	log.Fatal(server.ServeTLS(ln, *cert, *key))
+}
