@@ -572,8 +572,23 @@ async fn admin_endpoints() {
         (health.status, health.body.as_slice()),
         (200, b"OK".as_slice())
     );
-    let ready = get(hub.admin, "/v1/readyz", "probe").await;
-    assert_eq!(ready.status, 200);
+    // Ready once its side data (the filters' Services and NodePools) is read: a few
+    // milliseconds after the start, which a probe may come before.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let ready = loop {
+        let ready = get(hub.admin, "/v1/readyz?verbose", "probe").await;
+        if ready.status == 200 || std::time::Instant::now() >= deadline {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        ready.status,
+        200,
+        "{}\n{}",
+        String::from_utf8_lossy(&ready.body),
+        hub.log_text()
+    );
     assert!(String::from_utf8_lossy(&ready.body).contains("[+]certificate ok"));
     let verbose = get(hub.admin, "/v1/readyz?verbose", "probe").await;
     assert!(String::from_utf8_lossy(&verbose.body).contains("system:node:edge-1"));
