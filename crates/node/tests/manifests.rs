@@ -60,7 +60,9 @@ fn every_manifest_passes_kubectl_dry_run_and_a_typed_round_trip() {
     }
     let expected = [
         "ClusterRole/outpost",
+        "ClusterRole/outpost-pool-election",
         "ClusterRoleBinding/outpost",
+        "ClusterRoleBinding/outpost-pool-election",
         "ConfigMap/yurt-hub-cfg",
         "Pod/outpost",
         "Role/outpost-leader-hub",
