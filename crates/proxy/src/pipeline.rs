@@ -106,7 +106,6 @@ impl Pipeline {
             },
         };
         let in_flight = InFlight::enter(&self.metrics, &info);
-        let client_gzip = encoding::accepts_gzip(req.headers());
         let (req, exchange) = self.exchange(req, &info, started);
         let mut route = route::decide(
             &info,
@@ -156,7 +155,7 @@ impl Pipeline {
             (_, _, result) => result,
         };
         let result = result
-            .map(|resp| encoding::for_client(resp, client_gzip))
+            .map(|resp| encoding::for_client(resp, exchange.client_gzip))
             .map_err(|e| exchange.blame(e));
         self.respond(Some(&info), result, started, Some(in_flight))
     }
@@ -181,6 +180,7 @@ impl Pipeline {
             deadline,
             length,
             client_body,
+            client_gzip: encoding::accepts_gzip(&parts.headers),
         };
         (Request::from_parts(parts, body), exchange)
     }
@@ -371,7 +371,7 @@ impl Pipeline {
             self.judge_token(token, resp.status());
         }
         let Some(edge) = &self.edge else {
-            let resp = self.received(&route, info, &parts.headers, sent?);
+            let resp = self.received(&route, info, exchange.client_gzip, sent?);
             return Ok(ended_by(outage, exchange.bound(resp, served_by)));
         };
         let fall_back = match &sent {
@@ -393,7 +393,7 @@ impl Pipeline {
                 return cached;
             }
         }
-        let resp = self.received(&route, info, &parts.headers, sent?);
+        let resp = self.received(&route, info, exchange.client_gzip, sent?);
         let resp = ended_by(outage, exchange.bound(resp, served_by));
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
@@ -407,7 +407,7 @@ impl Pipeline {
         &self,
         route: &Route,
         info: &RequestInfo,
-        client_headers: &http::HeaderMap,
+        client_gzip: bool,
         resp: Response<Incoming>,
     ) -> Response<ProxyBody> {
         let resp = encoding::count_received(
@@ -416,7 +416,7 @@ impl Pipeline {
             &info.resource_label(),
         );
         let read_here = route.cache.is_some() || route.filter.is_some();
-        encoding::decode(resp, read_here, encoding::accepts_gzip(client_headers))
+        encoding::decode(resp, read_here, client_gzip)
     }
 
     /// Sends the request: a read that fails to reach one server is retried on another healthy
@@ -674,6 +674,8 @@ struct Exchange {
     /// How long the exchange may take in all.
     length: std::time::Duration,
     client_body: body::ClientBody,
+    /// The client's `Accept-Encoding` takes gzip ([`encoding`]).
+    client_gzip: bool,
 }
 
 impl Exchange {
