@@ -25,6 +25,7 @@ use outpost_core::Verb;
 use prometheus::{IntCounter, IntCounterVec};
 
 use crate::body::{self, BoxError, ProxyBody};
+use crate::headers::quality_is_zero;
 
 /// Marks a response whose gzip body the hub decoded.
 #[derive(Debug, Clone, Copy)]
@@ -45,14 +46,8 @@ pub fn accepts_gzip(headers: &HeaderMap) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|item| {
-            let mut parts = item.split(';');
-            let coding = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
-            });
-            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+            let coding = item.split(';').next().unwrap_or("").trim();
+            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !quality_is_zero(item)
         })
 }
 

@@ -1,5 +1,6 @@
 //! Header hygiene between the two hops: hop-by-hop headers never cross the proxy, except the
 //! `Connection: Upgrade` / `Upgrade` pair of a protocol switch (exec, attach, port-forward).
+//! Also the reading of a list item's `q=0` that `Accept` and `Accept-Encoding` share.
 
 use http::HeaderMap;
 use http::header::{self, HeaderName, HeaderValue};
@@ -15,6 +16,14 @@ const HOP_BY_HOP: [&str; 8] = [
     "trailer",
     "transfer-encoding",
 ];
+
+/// Whether one item of an `Accept` or `Accept-Encoding` list (`gzip;q=0`) refuses what it names.
+pub fn quality_is_zero(item: &str) -> bool {
+    item.split(';')
+        .skip(1)
+        .filter_map(|p| p.trim().strip_prefix("q="))
+        .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
+}
 
 /// Whether the request asks to switch protocols (SPDY or websocket).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {

@@ -10,6 +10,8 @@
 use http::HeaderMap;
 use http::header::{self, HeaderValue};
 
+use crate::headers::quality_is_zero;
+
 /// Whether the `Accept` header allows a plain JSON body (absent and `*/*` do).
 pub fn accepts_json(headers: &HeaderMap) -> bool {
     let Some(accept) = headers.get(header::ACCEPT) else {
@@ -24,13 +26,6 @@ pub fn accepts_json(headers: &HeaderMap) -> bool {
             && !item.contains("as=")
             && !quality_is_zero(item)
     })
-}
-
-fn quality_is_zero(item: &str) -> bool {
-    item.split(';')
-        .skip(1)
-        .filter_map(|p| p.trim().strip_prefix("q="))
-        .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
 }
 
 /// Rewrites the upstream request so the response is JSON (see the module doc); the client's
