@@ -22,15 +22,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use outpost_filter::side::NODE_POOL_LABEL;
 use outpost_proxy::feed::{Handler, ListHead};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tracing::warn;
 
 use super::Leader;
-
-/// The label that puts a Node in a pool (yurt-manager's; also what `--nodepool-name` defaults to).
-pub const POOL_LABEL: &str = "apps.openyurt.io/nodepool";
 
 /// What the election needs to know of one Node of the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,10 +64,8 @@ pub fn elect(candidates: &BTreeMap<String, Candidate>, replicas: usize) -> Vec<L
 
 /// The list path of the Nodes of `pool`.
 pub fn nodes_of(pool: &str) -> String {
-    format!(
-        "/api/v1/nodes?labelSelector={}%3D{pool}",
-        POOL_LABEL.replace('/', "%2F")
-    )
+    let label = NODE_POOL_LABEL.replace('/', "%2F");
+    format!("/api/v1/nodes?labelSelector={label}%3D{pool}")
 }
 
 #[derive(Deserialize, Serialize)]
@@ -225,7 +221,7 @@ mod tests {
             })
             .unwrap_or_default();
         serde_json::to_vec(&json!({
-            "metadata": {"name": name, "labels": {POOL_LABEL: "hz"}},
+            "metadata": {"name": name, "labels": {NODE_POOL_LABEL: "hz"}},
             "status": {"conditions": [{"type": "Ready", "status": ready}], "addresses": addresses},
         }))
         .unwrap()
