@@ -253,16 +253,26 @@ struct SliceWatch {
 }
 
 impl SliceWatch {
-    async fn open(slices: &Api<EndpointSlice>, rv: &str) -> SliceWatch {
+    /// kube-proxy on `follower`: a LIST answered by its shared cache, then a watch from the
+    /// list's resourceVersion; the list too.
+    async fn through(follower: &HubProcess) -> (Value, SliceWatch) {
+        let listed = until_follower_shares(follower).await;
+        let rv = listed["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("the list's resourceVersion")
+            .to_owned();
+        let client = kube_client(follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
+        let slices: Api<EndpointSlice> = Api::all(client);
         let events = slices
-            .watch(&WatchParams::default().timeout(290), rv)
+            .watch(&WatchParams::default().timeout(290), &rv)
             .await
             .expect("watch through the follower")
             .boxed();
-        SliceWatch {
+        let watch = SliceWatch {
             events,
             seen: Vec::new(),
-        }
+        };
+        (listed, watch)
     }
 
     /// The next event, which must be an ADDED within `within`.
@@ -469,16 +479,9 @@ async fn a_followers_reader_is_served_through_a_leader_and_survives_its_death() 
 
     // kube-proxy on the follower: a list answered by the follower's shared cache (fed by a
     // leader), then a watch from it.
-    let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
-    let slices: Api<EndpointSlice> = Api::all(client);
-    let listed = until_follower_shares(&follower).await;
+    let (listed, mut watch) = SliceWatch::through(&follower).await;
     let cloud = json!({"items": fake.list(SLICES_GVR, None)});
     assert_eq!(names(&listed), names(&cloud), "the cloud's EndpointSlices");
-    let rv = listed["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let mut watch = SliceWatch::open(&slices, &rv).await;
     fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
     watch.next_added(Duration::from_secs(10)).await;
     assert_eq!(watch.seen, ["web-3"]);
@@ -770,15 +773,9 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
     assert_eq!(refused.status, 403, "a node of another pool");
 
     // kube-proxy on edge-4: the cloud's EndpointSlices through a leader, then a watch.
-    let follower = &hubs[3];
-    let listed = until_follower_shares(follower).await;
+    let (listed, mut watch) = SliceWatch::through(&hubs[3]).await;
     let cloud = json!({"items": fake.list(SLICES_GVR, None)});
     assert_eq!(names(&listed), names(&cloud));
-    let rv = listed["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    // What the follower read from a leader is not counted as bytes from the cloud.
     // What a follower read from a leader (its filters' Services, edge-3 has no other reader)
     // is not counted as bytes from the cloud.
     let from_leader = "outpost_pool_feed_requests_total{outcome=\"ok\",source=\"leader\"}";
@@ -792,9 +789,6 @@ async fn the_hubs_of_a_pool_elect_their_leaders_without_a_controller() {
         wan_bytes(&hubs[0], "services").await > 0.0,
         "the leader listed the cloud"
     );
-    let client = kube_client(follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
-    let slices: Api<EndpointSlice> = Api::all(client);
-    let mut watch = SliceWatch::open(&slices, &rv).await;
     fake.create(SLICES_GVR, endpoint_slice("web-3")).unwrap();
     watch.next_added(Duration::from_secs(10)).await;
 
@@ -895,13 +889,7 @@ async fn a_hung_leader_is_left_for_the_other_within_seconds() {
     }
     let follower = start_member(&cluster, &members[2], port, &[]);
     until_metric(&follower, "outpost_pool_role{role=\"follower\"}", 1.0).await;
-    let listed = until_follower_shares(&follower).await;
-    let rv = listed["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let client = kube_client(&follower, "kube-proxy/v1.32.0 (linux/amd64) kubernetes/e2e");
-    let mut watch = SliceWatch::open(&Api::all(client), &rv).await;
+    let (_, mut watch) = SliceWatch::through(&follower).await;
     fake.create(SLICES_GVR, endpoint_slice("web-2")).unwrap();
     watch.next_added(Duration::from_secs(10)).await;
 
