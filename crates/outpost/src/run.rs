@@ -266,8 +266,8 @@ const RUNTIME_STOP_WITHIN: Duration = Duration::from_secs(1);
 /// The async runtime's worker threads. One: the node's cores belong to its workloads, and a
 /// second worker makes every proxied request hop between threads (the client's connection,
 /// the upstream connection's task) with a wake-up each, and lets the two steal work from each
-/// other; one worker spends about a fifth less CPU per request and answers sooner
-/// (`benches/proxy.rs -- processes`, `cloud-1-worker`). Blocking work (cache reads, the cache
+/// other; one worker spends less CPU per request and answers sooner (`benches/proxy.rs --
+/// processes`, `cloud-1-worker`; figures in BENCHMARKS.md). Blocking work (cache reads, the cache
 /// writer, sled) runs on threads of its own. `TOKIO_WORKER_THREADS` sets another count.
 const RUNTIME_WORKERS: usize = 1;
 

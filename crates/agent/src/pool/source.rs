@@ -310,9 +310,10 @@ fn get(uri: &str) -> Option<Request<body::ProxyBody>> {
         .ok()
 }
 
-/// A client for one exchange with a leader: the hub's client certificate, the cluster CA.
 type LeaderClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, body::ProxyBody>;
 
+/// A client for one exchange with a leader (or one watch's probes): the hub's client
+/// certificate, the cluster CA.
 fn leader_client(tls: &rustls::ClientConfig) -> LeaderClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
