@@ -31,7 +31,8 @@
 //! process under `wrk -t1 -c8`), req/s, and p50/p99 of sequential small GETs and 1 MB LISTs.
 //! Build the binary first (`cargo build --release -p outpost`); a missing tool skips its leg
 //! with a message. `-- processes` runs this part alone, `--quick` shortens it;
-//! `OUTPOST_BENCH_BASE_BIN` and `OUTPOST_BENCH_SHAPES` add legs ([`hub_legs`]).
+//! `OUTPOST_BENCH_BASE_BIN` and `OUTPOST_BENCH_SHAPES` add legs ([`hub_legs`]),
+//! `OUTPOST_BENCH_HOLD` keeps the processes up for a profiler ([`hold_for_profiling`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use http_body_util::Empty;
+use http_body_util::{BodyExt, Empty};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -47,12 +48,13 @@ use hyper_util::rt::TokioExecutor;
 use outpost_benches::nginx::Nginx;
 use outpost_benches::processes::{self, Proc};
 use outpost_benches::{
-    HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get, micros,
-    node_pods_path, percentile, plain_client, seed_pods, threads_cpu,
+    HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
+    kubelet_request, micros, node_pods_path, percentile, plain_client, seed_pods, threads_cpu,
 };
 use outpost_testkit::FakeConfig;
 
 const GET_PATH: &str = "/api/v1/nodes/edge-1";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 /// Pods on the node for the LIST: 128 × ~7.9 KB ≈ 1 MB of JSON.
 const LIST_PODS: usize = 128;
 const HUB_WORKERS: usize = 1;
@@ -555,21 +557,41 @@ impl ProcLeg {
 }
 
 /// The canned bodies the Go upstream serves, read once from the fake: the Node and the pod LIST.
-fn canned_bodies(rt: &tokio::runtime::Runtime, upstream: &Upstream, dir: &Path) -> [PathBuf; 2] {
+fn canned_bodies(rt: &tokio::runtime::Runtime, upstream: &Upstream, dir: &Path) -> [String; 2] {
     let client = tls_client(upstream);
-    let read = |path: &str| {
+    let read = |path: &str, accept: &str| {
         let uri = format!("{}{path}", upstream.fake.url())
             .parse()
             .expect("uri");
-        let fetched = rt.block_on(kubelet_get(&client, &uri));
-        assert_eq!(fetched.status, 200, "{path}");
-        fetched.body
+        let resp = rt.block_on(async {
+            let resp = client
+                .request(kubelet_request(&uri, accept))
+                .await
+                .expect("response");
+            assert_eq!(resp.status(), 200, "{path}");
+            resp.into_body().collect().await.expect("body").to_bytes()
+        });
+        resp
     };
-    let node = dir.join("node.json");
-    let list = dir.join("list.json");
-    std::fs::write(&node, read(GET_PATH)).expect("node.json");
-    std::fs::write(&list, read(&node_pods_path())).expect("list.json");
-    [node, list]
+    // The Node in both encodings, each checked, so that the upstream answers each client as
+    // kube-apiserver would: protobuf to kubelet's Accept, JSON to the edge hub's (which asks
+    // JSON for what it caches). The pod LIST is JSON only: the testkit fake encodes no
+    // protobuf lists (kube-apiserver would send kubelet one).
+    let json = |path: &str, name: &str| {
+        let body = read(path, "application/json");
+        assert!(body.starts_with(b"{"), "{path} as JSON");
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, body).expect("JSON body");
+        file.display().to_string()
+    };
+    let node_protobuf = read(GET_PATH, PROTOBUF);
+    assert!(node_protobuf.starts_with(b"k8s\0"), "the Node as protobuf");
+    let node_pb_file = dir.join("node.pb");
+    std::fs::write(&node_pb_file, node_protobuf).expect("protobuf body");
+    [
+        format!("{},{}", json(GET_PATH, "node"), node_pb_file.display()),
+        json(&node_pods_path(), "list"),
+    ]
 }
 
 fn tls_client(upstream: &Upstream) -> TlsClient {
@@ -583,7 +605,7 @@ fn tls_client(upstream: &Upstream) -> TlsClient {
 
 /// The Go canned upstream when `go` is there (the proxies then never wait on the fake), else
 /// the fake itself.
-fn fast_upstream(upstream: &Upstream, dir: &Path, bodies: &[PathBuf; 2]) -> Option<Proc> {
+fn fast_upstream(upstream: &Upstream, dir: &Path, bodies: &[String; 2]) -> Option<Proc> {
     let pki = upstream.fake.pki();
     let write = |name: &str, text: &str| {
         let path = dir.join(name);
@@ -594,8 +616,8 @@ fn fast_upstream(upstream: &Upstream, dir: &Path, bodies: &[PathBuf; 2]) -> Opti
         format!("-cert={}", write("server.crt", &pki.server.cert_pem)),
         format!("-key={}", write("server.key", &pki.server.key_pem)),
         format!("-ca={}", write("ca.crt", &pki.ca_pem)),
-        format!("{GET_PATH}={}", bodies[0].display()),
-        format!("/api/v1/pods={}", bodies[1].display()),
+        format!("{GET_PATH}={}", bodies[0]),
+        format!("/api/v1/pods={}", bodies[1]),
     ];
     match processes::go_build("upstream").and_then(|b| Proc::go("go-upstream", &b, &args)) {
         Ok(proc) => Some(proc),
@@ -714,11 +736,30 @@ fn process_comparison(rt: &tokio::runtime::Runtime, upstream: &Upstream) {
         outpost.display(),
         legs.iter().map(|l| l.name).collect::<Vec<_>>().join(", ")
     );
+    hold_for_profiling(&legs);
     cpu_per_request(&legs, &shape);
     process_latencies(rt, upstream, upstream_addr, &legs, &shape);
     drop(procs);
     drop(nginx);
     drop(go_upstream);
+}
+
+/// With `OUTPOST_BENCH_HOLD=<seconds>`, every leg's URL and pid are printed and the processes
+/// are kept up that long before they are measured, for `perf` or `strace` from another shell.
+fn hold_for_profiling(legs: &[ProcLeg]) {
+    let Some(seconds) = std::env::var("OUTPOST_BENCH_HOLD")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    for leg in legs {
+        println!(
+            "processes: hold: {} {}{GET_PATH} pid {}",
+            leg.name, leg.base, leg.pid
+        );
+    }
+    std::thread::sleep(Duration::from_secs(seconds));
 }
 
 /// One hub process of the comparison.

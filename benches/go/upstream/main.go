@@ -1,8 +1,9 @@
 // A canned HTTPS "apiserver" for benches/proxy.rs: it answers from bodies read at start, so
 // that the proxies in front of it, not the upstream, are what the bench measures. Client
 // certificates are required and checked against the CA, as kube-apiserver does; HTTP/2 and
-// HTTP/1.1 are offered by ALPN. Routes are `path=file` arguments (the request's path, query
-// ignored); a watch (`watch=true`) is answered with headers and then held open; /healthz,
+// HTTP/1.1 are offered by ALPN. Routes are `path=json-file[,protobuf-file]` arguments (the
+// request's path, query ignored); the protobuf body answers a request whose Accept names
+// `application/vnd.kubernetes.protobuf` first, as kube-apiserver negotiates; a watch (`watch=true`) is answered with headers and then held open; /healthz,
 // /readyz and /livez answer "ok"; any other path a 404 Status. The listening address is
 // printed on stdout's first line.
 package main
@@ -28,13 +29,24 @@ func main() {
 	ca := flag.String("ca", "", "CA of the client certificates (PEM)")
 	flag.Parse()
 	bodies := map[string][]byte{}
+	protobufs := map[string][]byte{}
 	for _, route := range flag.Args() {
 		i := strings.LastIndex(route, "=")
-		body, err := os.ReadFile(route[i+1:])
-		if i < 0 || err != nil {
-			log.Fatalf("route %q: %v", route, err)
+		if i < 0 {
+			log.Fatalf("route %q: no '='", route)
 		}
-		bodies[route[:i]] = body
+		files := strings.Split(route[i+1:], ",")
+		for n, file := range files {
+			body, err := os.ReadFile(file)
+			if err != nil {
+				log.Fatalf("route %q: %v", route, err)
+			}
+			if n == 0 {
+				bodies[route[:i]] = body
+			} else {
+				protobufs[route[:i]] = body
+			}
+		}
 	}
 	caPEM, err := os.ReadFile(*ca)
 	if err != nil {
@@ -51,6 +63,11 @@ func main() {
 			w.WriteHeader(http.StatusOK)
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
+		case protobufs[r.URL.Path] != nil && prefersProtobuf(r.Header.Get("Accept")):
+			body := protobufs[r.URL.Path]
+			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.Write(body)
 		case bodies[r.URL.Path] != nil:
 			body := bodies[r.URL.Path]
 			w.Header().Set("Content-Type", "application/json")
@@ -72,4 +89,11 @@ func main() {
 		TLSConfig: &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool},
 	}
 	log.Fatal(server.ServeTLS(ln, *cert, *key))
+}
+
+// Whether the first media type of an Accept header is Kubernetes protobuf (kubelet's and
+// kube-proxy's `application/vnd.kubernetes.protobuf,application/json`).
+func prefersProtobuf(accept string) bool {
+	first := strings.TrimSpace(strings.Split(strings.Split(accept, ",")[0], ";")[0])
+	return first == "application/vnd.kubernetes.protobuf"
 }
