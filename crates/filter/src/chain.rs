@@ -111,6 +111,9 @@ impl Chain {
     /// Filters a list body (LIST): each item is kept, rewritten or removed. Untouched items,
     /// and everything around `items`, are copied as they came.
     pub fn filter_list(&self, body: &[u8], ctx: &FilterContext) -> Outcome {
+        if !self.filters.iter().any(|f| f.may_change(body)) {
+            return Outcome::Unchanged;
+        }
         match std::str::from_utf8(body)
             .map_err(DecodeError::from)
             .and_then(|raw| self.list(raw, ctx))

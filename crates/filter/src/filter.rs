@@ -114,6 +114,13 @@ pub trait Filter: Send + Sync + 'static {
         false
     }
 
+    /// Whether the filter could change anything in `body`, a whole response (an object or a
+    /// list of them), judged from its bytes before anything is parsed. `false` lets a list no
+    /// filter could change go out without being read; the default, `true`, reads it.
+    fn may_change(&self, _body: &[u8]) -> bool {
+        true
+    }
+
     /// Decides from the object's head alone. `head.kind` is the rule's kind (other kinds never
     /// reach a filter). Must be cheap: it runs on every object of every filtered response.
     fn peek(&self, head: &Head<'_>, ctx: &FilterContext) -> Peek;

@@ -550,3 +550,28 @@ fn cloud_mode_and_disabled_filters_change_the_chains() {
             .is_none()
     );
 }
+
+/// kubelet's pod LIST is read only when some pod sets the apiserver's address in its env: a
+/// node's usual list goes out after one substring search, however large it is.
+#[test]
+fn a_pod_list_without_the_service_variables_is_not_read() {
+    let pods = chain("kubelet", "", "pods", Verb::List);
+    // Not JSON at all: reading it would say so.
+    let unread = br#"{"kind":"PodList","items":[{"metadata":{"name":"p"}, oops"#;
+    assert!(matches!(
+        pods.filter_list(unread, &ctx()),
+        Outcome::Unchanged
+    ));
+    let with_env = PODS.replacen(
+        r#""containers":["#,
+        r#""containers":[{"name":"agent","image":"a","env":[{"name":"KUBERNETES_SERVICE_HOST","value":"10.96.0.1"}]},"#,
+        1,
+    );
+    assert_ne!(with_env, PODS, "the fixture has containers");
+    let out: Value =
+        serde_json::from_slice(&replaced(pods.filter_list(with_env.as_bytes(), &ctx()))).unwrap();
+    assert_eq!(
+        out["items"][0]["spec"]["containers"][0]["env"][0],
+        json!({"name":"KUBERNETES_SERVICE_HOST","value":"169.254.2.1"})
+    );
+}

@@ -49,6 +49,12 @@ impl Filter for ServiceEnvUpdater {
         true
     }
 
+    /// One substring search over the whole body: a node's pods rarely set these variables,
+    /// and a list without them needs no parse at all.
+    fn may_change(&self, body: &[u8]) -> bool {
+        memchr::memmem::find(body, VAR_PREFIX.as_bytes()).is_some()
+    }
+
     fn peek(&self, head: &Head<'_>, _: &FilterContext) -> Peek {
         if head.raw.contains(VAR_PREFIX) {
             Peek::Inspect

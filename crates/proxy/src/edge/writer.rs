@@ -156,6 +156,17 @@ struct Shared {
     marks: Mutex<HashMap<ScopeId, u64>>,
     store: Arc<dyn Store>,
     max_object_bytes: usize,
+    /// The writer thread, woken early from its linger ([`next_entry`]) when someone waits.
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Shared {
+    /// Ends the writer's linger now: a tee or an offline answer is waiting for it.
+    fn hurry(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
 }
 
 /// An operation's place in the queue: [`Writer::durable`] waits until it is applied.
@@ -257,6 +268,7 @@ impl Writer {
             marks: Mutex::default(),
             store,
             max_object_bytes,
+            thread: std::sync::OnceLock::new(),
         });
         let writer = Writer {
             tx,
@@ -273,6 +285,7 @@ impl Writer {
                 let Writer {
                     metrics, shared, ..
                 } = thread_writer;
+                let _ = shared.thread.set(std::thread::current());
                 run(&shared, &rx, &metrics, volatile, &mut priority)
             })?;
         Ok(writer)
@@ -310,6 +323,9 @@ impl Writer {
         match self.tx.try_send(entry) {
             Ok(()) => {
                 *queued = ticket;
+                if awaited {
+                    self.shared.hurry();
+                }
                 Some(Ticket(ticket))
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -338,6 +354,7 @@ impl Writer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut applied = self.shared.applied.subscribe();
+        self.shared.hurry();
         let caught_up = applied.wait_for(|a| *a >= target);
         matches!(tokio::time::timeout(within, caught_up).await, Ok(Ok(_)))
     }
@@ -502,15 +519,17 @@ fn run(
     let store = shared.store.as_ref();
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
     let mut next: Option<Entry> = None;
+    let mut busy = false;
     loop {
         priority.check();
         let mut entry = match next.take() {
             Some(entry) => entry,
-            None => match rx.recv_timeout(priority.check_every) {
+            None => match next_entry(rx, priority.check_every, busy) {
                 Ok(entry) => *entry,
                 Err(RecvTimeoutError::Timeout) => {
                     // Idle: the store's state can still change (space freed, a mark cleared).
                     report_health(store, metrics, volatile);
+                    busy = false;
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -539,10 +558,36 @@ fn run(
         }
         shared.applied.send_replace(ticket);
         report_health(store, metrics, volatile);
+        busy = true;
     }
     if let Err(e) = store.flush() {
         warn!(error = %e, "final cache flush failed");
     }
+}
+
+/// How long the writer, its queue drained, waits before it looks again rather than parking on
+/// the queue. A parked writer is woken by every send, a futex call on the request path and a
+/// context switch per cached answer; one that lingers takes what came meanwhile in one wake-up.
+/// Sends that someone waits for end the linger at once ([`Shared::hurry`]).
+const LINGER: Duration = Duration::from_millis(1);
+
+/// The next queued operation. `busy`: the writer has just applied one, so it lingers once
+/// ([`LINGER`]) before it parks on the queue (at most `idle_wait`).
+fn next_entry(
+    rx: &Receiver<Queued>,
+    idle_wait: Duration,
+    busy: bool,
+) -> Result<Queued, RecvTimeoutError> {
+    if let Ok(entry) = rx.try_recv() {
+        return Ok(entry);
+    }
+    if busy {
+        std::thread::park_timeout(LINGER);
+        if let Ok(entry) = rx.try_recv() {
+            return Ok(entry);
+        }
+    }
+    rx.recv_timeout(idle_wait)
 }
 
 fn report_health(store: &dyn Store, metrics: &Metrics, volatile: bool) {

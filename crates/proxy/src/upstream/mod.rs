@@ -205,13 +205,22 @@ impl Upstream {
         self.identity.send_replace(identity);
     }
 
-    /// The current clients for `identity`: HTTP/1.1, and HTTP/2 unless disabled. Cloned, so
-    /// the lock is held only to look.
-    fn clients_for(&self, identity: Identity) -> (HttpsClient, Option<Arc<H2Client>>) {
+    /// The current HTTP/1.1 client for `identity`. Cloned, so the lock is held only to look.
+    fn http1_for(&self, identity: Identity) -> HttpsClient {
         let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
         match identity {
-            Identity::Node => (clients.node.clone(), clients.node_h2.clone()),
-            Identity::Bearer => (clients.bearer.clone(), clients.bearer_h2.clone()),
+            Identity::Node => clients.node.clone(),
+            Identity::Bearer => clients.bearer.clone(),
+        }
+    }
+
+    /// The current HTTP/2 client for `identity`, unless HTTP/2 is disabled. Looked up apart
+    /// from [`Self::http1_for`]: a request over HTTP/2 does not clone the HTTP/1.1 client.
+    fn http2_for(&self, identity: Identity) -> Option<Arc<H2Client>> {
+        let clients = self.clients.read().unwrap_or_else(|e| e.into_inner());
+        match identity {
+            Identity::Node => clients.node_h2.clone(),
+            Identity::Bearer => clients.bearer_h2.clone(),
         }
     }
 
@@ -223,16 +232,15 @@ impl Upstream {
         identity: Identity,
         req: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
-        let (http1, http2) = self.clients_for(identity);
         let upgrade = req.headers().contains_key(http::header::UPGRADE);
-        let req = match http2 {
+        let req = match self.http2_for(identity) {
             Some(h2) if !upgrade => match h2.dispatch(server, req).await {
                 Dispatch::Http2(answered) => return answered,
                 Dispatch::Http1(req) => req,
             },
             _ => req,
         };
-        http1
+        self.http1_for(identity)
             .request(req)
             .await
             .map_err(|e| classify_client_error(server, e))
@@ -241,8 +249,7 @@ impl Upstream {
     /// HTTP/2 connections open to `server` with the node's identity, as (open streams, the
     /// server's stream limit) each; empty with HTTP/2 disabled.
     pub fn http2_connections(&self, server: &Server) -> Vec<(usize, u32)> {
-        self.clients_for(Identity::Node)
-            .1
+        self.http2_for(Identity::Node)
             .map(|h2| h2.connections(server))
             .unwrap_or_default()
     }
@@ -294,13 +301,14 @@ impl Upstream {
         mut req: Request<ProxyBody>,
         deadline: Duration,
     ) -> Result<Response<Incoming>, ProxyError> {
+        // Cloned, not parsed again: the client's path and query are already checked.
         let path_and_query = req
             .uri()
             .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned();
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
         *req.uri_mut() = server
-            .uri_for(&path_and_query)
+            .uri_for(path_and_query)
             .map_err(|e| ProxyError::InvalidRequest(format!("cannot build upstream URI: {e}")))?;
         match tokio::time::timeout(deadline, self.start(server, identity, req)).await {
             Ok(answered) => answered,

@@ -89,7 +89,11 @@ impl Server {
         )
     }
 
-    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+    pub fn uri_for<P>(&self, path_and_query: P) -> Result<Uri, http::Error>
+    where
+        P: TryInto<http::uri::PathAndQuery>,
+        P::Error: Into<http::Error>,
+    {
         let authority = self.base.authority().cloned().unwrap_or_else(|| {
             // Server::parse guarantees an authority; this branch only keeps the function total.
             http::uri::Authority::from_static("invalid")
