@@ -773,7 +773,8 @@ struct HubLeg {
 
 /// The hub in cloud and edge mode; with `OUTPOST_BENCH_BASE_BIN=<binary>`, that binary too
 /// (`base-cloud`, `base-edge`: a before/after in one run); with `OUTPOST_BENCH_SHAPES=1`, the
-/// cloud hub with one and with two runtime workers (`TOKIO_WORKER_THREADS`) and with an
+/// cloud hub on tokio's multi-thread scheduler with one and with two workers
+/// (`TOKIO_WORKER_THREADS`; the shipped default is the current-thread scheduler) and with an
 /// HTTP/1.1 upstream.
 fn hub_legs(outpost: &Path) -> Vec<HubLeg> {
     let leg = |name, binary: &Path, mode, args, envs| HubLeg {

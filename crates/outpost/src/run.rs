@@ -209,10 +209,17 @@ fn raise_open_files_limit() {
 
 fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
     raise_open_files_limit();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        runtime.worker_threads(RUNTIME_WORKERS);
-    }
+    // One thread runs every task: the node's cores belong to its workloads, and a second
+    // worker makes every proxied request hop between threads (the client's connection, the
+    // upstream connection's task) with a wake-up each. The current-thread scheduler also spends
+    // less per task switch than a multi-thread one with a single worker (`benches/proxy.rs --
+    // processes`, `cloud-1-worker`; figures in BENCHMARKS.md). Blocking work (cache reads, the
+    // cache writer, sled) runs on threads of its own. TOKIO_WORKER_THREADS=<n>: tokio's
+    // multi-thread scheduler with n workers instead.
+    let mut runtime = match std::env::var_os("TOKIO_WORKER_THREADS") {
+        None => tokio::runtime::Builder::new_current_thread(),
+        Some(_) => tokio::runtime::Builder::new_multi_thread(),
+    };
     let runtime = match runtime.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -262,14 +269,6 @@ fn serve(config: HubConfig, v: &ValidatedHub) -> ExitCode {
 
 /// How long the stopping hub waits for blocking tasks once everything else has stopped.
 const RUNTIME_STOP_WITHIN: Duration = Duration::from_secs(1);
-
-/// The async runtime's worker threads. One: the node's cores belong to its workloads, and a
-/// second worker makes every proxied request hop between threads (the client's connection,
-/// the upstream connection's task) with a wake-up each, and lets the two steal work from each
-/// other; one worker spends less CPU per request and answers sooner (`benches/proxy.rs --
-/// processes`, `cloud-1-worker`; figures in BENCHMARKS.md). Blocking work (cache reads, the cache
-/// writer, sled) runs on threads of its own. `TOKIO_WORKER_THREADS` sets another count.
-const RUNTIME_WORKERS: usize = 1;
 
 /// Writes the hub's state where yurthub writes its stacks on SIGUSR1; one log line says where.
 async fn dump_state(hub: &Hub, root_dir: &Path) {
