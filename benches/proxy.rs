@@ -563,15 +563,14 @@ fn canned_bodies(rt: &tokio::runtime::Runtime, upstream: &Upstream, dir: &Path) 
         let uri = format!("{}{path}", upstream.fake.url())
             .parse()
             .expect("uri");
-        let resp = rt.block_on(async {
+        rt.block_on(async {
             let resp = client
                 .request(kubelet_request(&uri, accept))
                 .await
                 .expect("response");
             assert_eq!(resp.status(), 200, "{path}");
             resp.into_body().collect().await.expect("body").to_bytes()
-        });
-        resp
+        })
     };
     // The Node in both encodings, each checked, so that the upstream answers each client as
     // kube-apiserver would: protobuf to kubelet's Accept, JSON to the edge hub's (which asks

@@ -104,6 +104,10 @@ impl Store for TestStore {
         self.pass();
         self.inner.get(key)
     }
+    fn holds_pinned(&self, key: &ObjectKey, o: &[u8]) -> Result<bool, CacheError> {
+        self.pass();
+        self.inner.holds_pinned(key, o)
+    }
     fn objects(&self, c: &str, gvr: &Gvr) -> Result<Vec<(ObjectKey, CachedObject)>, CacheError> {
         self.pass();
         self.inner.objects(c, gvr)

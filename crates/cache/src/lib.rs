@@ -98,6 +98,12 @@ pub trait Store: Send + Sync {
 
     fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError>;
 
+    /// Whether `object` is stored under `key` byte for byte (at a resourceVersion) and pinned
+    /// there, so that [`Store::put_object`] of it would write nothing (`Unchanged`). Such
+    /// bytes were checked in full when they were stored: a repeated GET need not parse them
+    /// again. Reads only; the stored bytes are not JSON-checked here.
+    fn holds_pinned(&self, key: &ObjectKey, object: &[u8]) -> Result<bool, CacheError>;
+
     /// Every cached object of one component's resource, in (namespace, name) order, whatever
     /// brought it in (any scope's LIST or watch, or a pinned GET). Unlike [`Store::list`] this
     /// needs no covering scope: it is for tooling (`outpost cache export`), not for serving.

@@ -76,6 +76,10 @@ impl Store for MemStore {
         self.engine.get(key)
     }
 
+    fn holds_pinned(&self, key: &ObjectKey, object: &[u8]) -> Result<bool, CacheError> {
+        self.engine.holds_pinned(key, object)
+    }
+
     fn objects(
         &self,
         component: &str,

@@ -986,6 +986,10 @@ impl Store for SledStore {
         self.guarded(|| self.engine.get(key))
     }
 
+    fn holds_pinned(&self, key: &ObjectKey, object: &[u8]) -> Result<bool, CacheError> {
+        self.guarded(|| self.engine.holds_pinned(key, object))
+    }
+
     fn objects(
         &self,
         component: &str,

@@ -876,28 +876,39 @@ fn documents_are_verified_survive_compaction_and_stay_out_of_stats(store: &dyn S
 }
 
 fn a_get_of_the_stored_version_writes_nothing(store: &dyn Store) {
+    let holds = |name: &str, rv: &str, node: &str| {
+        store
+            .holds_pinned(&key("a", name), &pod("a", name, rv, node, &[]))
+            .expect("holds_pinned")
+    };
+    assert!(!holds("p", "10", "n1"), "nothing stored yet");
     let first = store
         .put_object("kubelet", &pods(), &pod("a", "p", "10", "n1", &[]))
         .expect("put");
     assert_eq!(first, WriteOutcome::Stored);
+    assert!(holds("p", "10", "n1"));
     let again = store
         .put_object("kubelet", &pods(), &pod("a", "p", "10", "n1", &[]))
         .expect("put");
     assert_eq!(again, WriteOutcome::Unchanged);
     // The hub's own change at the same version (kubelet's offline status) is written.
+    assert!(!holds("p", "10", "n2"), "other bytes at the same version");
     let patched = store
         .put_object("kubelet", &pods(), &pod("a", "p", "10", "n2", &[]))
         .expect("put");
     assert_eq!(patched, WriteOutcome::Stored);
+    assert!(holds("p", "10", "n2") && !holds("p", "10", "n1"));
     // Held only by a scope (not pinned by a GET): the GET still pins it.
     let s = scope("kubelet", &pods(), None, "", "");
     store
         .replace_scope(&s, "20", &refs(&[pod("a", "q", "15", "n1", &[])]))
         .expect("replace");
+    assert!(!holds("q", "15", "n1"), "stored, but by a LIST: not pinned");
     let pinned = store
         .put_object("kubelet", &pods(), &pod("a", "q", "15", "n1", &[]))
         .expect("put");
     assert_eq!(pinned, WriteOutcome::Stored);
+    assert!(holds("q", "15", "n1"));
     store.replace_scope(&s, "21", &[]).expect("relist empty");
     assert_eq!(
         found(store, &key("a", "q")),
@@ -909,6 +920,8 @@ fn a_get_of_the_stored_version_writes_nothing(store: &dyn Store) {
         .expect("put");
     assert_eq!(newer, WriteOutcome::Stored);
     assert_eq!(found(store, &key("a", "p")), Some("11".into()));
+    store.delete_object(&key("a", "q")).expect("delete");
+    assert!(!holds("q", "15", "n1"), "forgotten");
 }
 
 /// A group commit (`apply_events`) must end exactly where the same events applied one by one

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::engine::{Engine, Suspect};
 use crate::error::{CacheError, ReplayError, TooOld};
 use crate::json::{self, Filter};
-use crate::keys::{self, EVENT, MEMBER, OBJECT, SCOPE};
+use crate::keys::{self, EVENT, MEMBER, OBJECT, PIN, SCOPE};
 use crate::kv::Kv;
 use crate::model::{
     CachedObject, Event, EventType, Gvr, ListResult, Lookup, ObjectKey, ResourceVersion, Scope,
@@ -193,6 +193,19 @@ fn narrowed(filter: &Filter<'_>, replayed: Replayed) -> Result<Option<Event>, se
 }
 
 impl<K: Kv> Engine<K> {
+    /// Whether `bytes` are stored under `key` as they are, at a resourceVersion, and pinned.
+    pub(crate) fn holds_pinned(&self, key: &ObjectKey, bytes: &[u8]) -> Result<bool, CacheError> {
+        self.read(|kv, _| {
+            let Some(raw) = kv.get(&keys::object_key(OBJECT, key))? else {
+                return Ok(false);
+            };
+            let same = record::decode_object(&raw).is_ok_and(|stored| {
+                !stored.resource_version.as_str().is_empty() && stored.bytes == bytes
+            });
+            Ok(same && kv.get(&keys::object_key(PIN, key))?.is_some())
+        })
+    }
+
     pub(crate) fn get(&self, key: &ObjectKey) -> Result<Lookup, CacheError> {
         self.read(|kv, suspects| {
             Ok(match read_object(kv, key, true, suspects)? {

@@ -886,6 +886,10 @@ fn apply_object(
     body: &[u8],
     kinds: &mut HashMap<Gvr, KindInfo>,
 ) -> Applied {
+    // A repeated GET of an object stored as it is: checked in full when it was stored.
+    if store.holds_pinned(key, body)? {
+        return Ok(outcome_label(&WriteOutcome::Unchanged));
+    }
     let head = ObjectHead::parse(body).map_err(|e| ApplyError::Invalid(format!("object: {e}")))?;
     let (Some(kind), Some(api_version)) = (head.kind, head.api_version) else {
         return Err(ApplyError::Invalid("object without kind/apiVersion".into()));
