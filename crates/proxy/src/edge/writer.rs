@@ -8,7 +8,7 @@
 //! on that response rather than slow the client down (see `tee`); what was queued is applied in
 //! the order it arrived, so a LIST always lands before the watch that follows it.
 //!
-//! The writer and sled's threads run at a lower CPU priority ([`BACKGROUND_NICE`]): where
+//! The writer and sled's threads run at a lower CPU priority ([`BACKGROUND_NICE_STEP`]): where
 //! caching competes for a core with answering clients, answering wins.
 //!
 //! Nothing that does not parse is cached: a body that is not the expected JSON (a `Status`, a
@@ -429,12 +429,17 @@ impl Shared {
     }
 }
 
-/// The cache's background threads' nice value: the writer's and sled's (CFS weight 110 against
-/// 1,024 for the request path). Caching is work behind the responses; where it competes for a
-/// core with the proxy, the proxy should win. Lowered, not idle (`SCHED_IDLE`): on a node whose
-/// cores stay busy the writer still gets about a tenth of one, enough for a full node's relists
-/// (a few hundred ms of its CPU) to land within seconds, and its queue does not overflow.
-pub const BACKGROUND_NICE: i32 = 10;
+/// How much nicer than the hub's own threads the cache's background threads run: the writer's
+/// and sled's (at the hub's default nice 0, CFS weight 110 against 1,024 for the request path).
+/// Caching is work behind the responses; where it competes for a core with the proxy, the proxy
+/// should win. Relative to the hub's nice, so that a hub an operator started nicer still has
+/// its cache below it. Lowered, not idle (`SCHED_IDLE`): on a node whose cores stay busy the
+/// writer still gets about a tenth of one, enough for a full node's relists (a few hundred ms
+/// of its CPU) to land within seconds, and its queue does not overflow.
+pub const BACKGROUND_NICE_STEP: i32 = 10;
+
+/// The nicest a thread can be on Linux.
+const NICEST: i32 = 19;
 
 /// How often the writer looks for sled threads that run at normal priority.
 const PRIORITY_CHECK: Duration = Duration::from_secs(5);
@@ -445,13 +450,18 @@ struct Priority {
     checked: Instant,
     /// The writer's own priority could be lowered (a system may refuse; the cache works on).
     lowered: bool,
+    /// The nice value of the cache's threads: [`BACKGROUND_NICE_STEP`] above the hub's.
+    nice: i32,
 }
 
 impl Priority {
     /// Lowers the calling thread's (the writer's) priority and that of sled's threads.
     fn lower(check_every: Duration) -> Priority {
         let me = rustix::thread::gettid();
-        let lowered = match rustix::process::setpriority_process(Some(me), BACKGROUND_NICE) {
+        // The writer thread starts with its creator's nice: the hub's.
+        let hubs = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+        let nice = (hubs + BACKGROUND_NICE_STEP).min(NICEST);
+        let lowered = match rustix::process::setpriority_process(Some(me), nice) {
             Ok(()) => true,
             Err(e) => {
                 warn!(error = %e, "cannot lower the cache writer's CPU priority");
@@ -462,12 +472,10 @@ impl Priority {
             check_every,
             checked: Instant::now(),
             lowered,
+            nice,
         };
         let sled_threads = priority.lower_sled_threads();
-        debug!(
-            nice = BACKGROUND_NICE,
-            sled_threads, "cache threads at background priority"
-        );
+        debug!(nice, sled_threads, "cache threads at background priority");
         priority
     }
 
@@ -489,7 +497,7 @@ impl Priority {
         threads_named(outpost_cache::BACKGROUND_THREAD_PREFIXES)
             .into_iter()
             .filter_map(Pid::from_raw)
-            .filter(|pid| setpriority_process(Some(*pid), BACKGROUND_NICE).is_ok())
+            .filter(|pid| setpriority_process(Some(*pid), self.nice).is_ok())
             .count()
     }
 }
@@ -1460,7 +1468,13 @@ mod tests {
     fn a_writer_is_lowered() -> bool {
         threads_named(&["outpost-cache-w"])
             .into_iter()
-            .any(|tid| nice_of(tid) == Some(BACKGROUND_NICE))
+            .any(|tid| nice_of(tid) == Some(background_nice()))
+    }
+
+    /// The cache threads' nice in a writer started from the calling thread.
+    fn background_nice() -> i32 {
+        let me = rustix::thread::gettid().as_raw_nonzero().get();
+        (nice_of(me).expect("own nice") + BACKGROUND_NICE_STEP).min(NICEST)
     }
 
     /// A thread's nice value, from `/proc/self/task/<tid>/stat` (field 19); `None` once it ended.
@@ -1486,7 +1500,7 @@ mod tests {
         // writer started are checked, and one that ended since is skipped.
         let lowered = |tids: &[i32]| {
             tids.iter()
-                .all(|tid| nice_of(*tid).is_none_or(|nice| nice == BACKGROUND_NICE))
+                .all(|tid| nice_of(*tid).is_none_or(|nice| nice == background_nice()))
         };
         wait_until(
             || {
@@ -1497,6 +1511,31 @@ mod tests {
                 )
             },
             || a_writer_is_lowered() && lowered(&sled_threads),
+        );
+        drop(writer);
+    }
+
+    /// A hub started nicer than the default (an operator's `nice -n 15`) keeps its cache below
+    /// it, at the nicest value, rather than raising the cache above its requests.
+    #[test]
+    fn the_cache_stays_below_a_hub_started_nicer() {
+        let started_in = std::thread::spawn(|| {
+            let me = rustix::thread::gettid();
+            rustix::process::setpriority_process(Some(me), 15).expect("a thread may be nicer");
+            Writer::start(Arc::new(MemStore::new()), Metrics::new(), false).unwrap()
+        });
+        let writer = started_in.join().unwrap();
+        wait_until(
+            || {
+                let writers = threads_named(&["outpost-cache-w"]);
+                let niceness: Vec<_> = writers.iter().map(|t| (t, nice_of(*t))).collect();
+                format!("no writer at nice {NICEST}: {niceness:?}")
+            },
+            || {
+                threads_named(&["outpost-cache-w"])
+                    .into_iter()
+                    .any(|tid| nice_of(tid) == Some(NICEST))
+            },
         );
         drop(writer);
     }
@@ -1532,7 +1571,7 @@ mod tests {
         let tid = tid_rx.recv().unwrap();
         wait_until(
             || format!("never lowered: {:?}", nice_of(tid)),
-            || nice_of(tid) == Some(BACKGROUND_NICE),
+            || nice_of(tid) == Some(background_nice()),
         );
         done_tx.send(()).unwrap();
         late.join().unwrap();
