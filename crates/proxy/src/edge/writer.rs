@@ -1515,31 +1515,6 @@ mod tests {
         drop(writer);
     }
 
-    /// A hub started nicer than the default (an operator's `nice -n 15`) keeps its cache below
-    /// it, at the nicest value, rather than raising the cache above its requests.
-    #[test]
-    fn the_cache_stays_below_a_hub_started_nicer() {
-        let started_in = std::thread::spawn(|| {
-            let me = rustix::thread::gettid();
-            rustix::process::setpriority_process(Some(me), 15).expect("a thread may be nicer");
-            Writer::start(Arc::new(MemStore::new()), Metrics::new(), false).unwrap()
-        });
-        let writer = started_in.join().unwrap();
-        wait_until(
-            || {
-                let writers = threads_named(&["outpost-cache-w"]);
-                let niceness: Vec<_> = writers.iter().map(|t| (t, nice_of(*t))).collect();
-                format!("no writer at nice {NICEST}: {niceness:?}")
-            },
-            || {
-                threads_named(&["outpost-cache-w"])
-                    .into_iter()
-                    .any(|tid| nice_of(tid) == Some(NICEST))
-            },
-        );
-        drop(writer);
-    }
-
     #[test]
     fn a_sled_thread_started_later_at_normal_priority_is_lowered_too() {
         let writer = Writer::start_checking_every(
