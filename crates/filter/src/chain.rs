@@ -95,6 +95,22 @@ impl Chain {
         self.kind
     }
 
+    /// Whether some filter could change an object in `body`: `false` only when every filter
+    /// names a [`Filter::marker`] and none occurs.
+    pub fn may_change(&self, body: &[u8]) -> bool {
+        match self.markers() {
+            Some(markers) => markers
+                .iter()
+                .any(|m| memchr::memmem::find(body, m).is_some()),
+            None => true,
+        }
+    }
+
+    /// Every filter's [`Filter::marker`], or `None` when some filter names none.
+    pub fn markers(&self) -> Option<Vec<&'static [u8]>> {
+        self.filters.iter().map(|f| f.marker()).collect()
+    }
+
     /// Filters a single-object body (GET, PATCH). An object a filter drops is sent unchanged,
     /// as yurthub does: a GET has no way to say "filtered out" short of a made-up 404.
     pub fn filter_object(&self, body: &[u8], ctx: &FilterContext) -> Outcome {
@@ -111,7 +127,7 @@ impl Chain {
     /// Filters a list body (LIST): each item is kept, rewritten or removed. Untouched items,
     /// and everything around `items`, are copied as they came.
     pub fn filter_list(&self, body: &[u8], ctx: &FilterContext) -> Outcome {
-        if !self.filters.iter().any(|f| f.may_change(body)) {
+        if !self.may_change(body) {
             return Outcome::Unchanged;
         }
         match std::str::from_utf8(body)

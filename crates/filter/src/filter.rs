@@ -114,11 +114,12 @@ pub trait Filter: Send + Sync + 'static {
         false
     }
 
-    /// Whether the filter could change anything in `body`, a whole response (an object or a
-    /// list of them), judged from its bytes before anything is parsed. `false` lets a list no
-    /// filter could change go out without being read; the default, `true`, reads it.
-    fn may_change(&self, _body: &[u8]) -> bool {
-        true
+    /// Bytes that every object this filter could change contains within its own JSON text, or
+    /// `None` (the default) when there are none to name. A list in which no filter's marker
+    /// occurs goes out without being read, and a LIST can then stream through: only the items
+    /// around a marker have to wait to be read (`outpost_proxy`'s streamed lists).
+    fn marker(&self) -> Option<&'static [u8]> {
+        None
     }
 
     /// Decides from the object's head alone. `head.kind` is the rule's kind (other kinds never

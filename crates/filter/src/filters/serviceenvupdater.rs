@@ -49,10 +49,10 @@ impl Filter for ServiceEnvUpdater {
         true
     }
 
-    /// One substring search over the whole body: a node's pods rarely set these variables,
-    /// and a list without them needs no parse at all.
-    fn may_change(&self, body: &[u8]) -> bool {
-        memchr::memmem::find(body, VAR_PREFIX.as_bytes()).is_some()
+    /// Both names share it: a node's pods rarely set these variables, and a list without them
+    /// needs no parse at all.
+    fn marker(&self) -> Option<&'static [u8]> {
+        Some(VAR_PREFIX.as_bytes())
     }
 
     fn peek(&self, head: &Head<'_>, _: &FilterContext) -> Peek {

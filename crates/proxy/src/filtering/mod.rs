@@ -2,8 +2,9 @@
 //!
 //! Start at [`Filtering`]: at route time [`Filtering::chain`] says which filters apply (usually
 //! none, and then the response streams through untouched); [`Filtering::prepare_upstream`] asks
-//! upstream for JSON, which filters read; [`Filtering::apply`] rewrites the response: a GET or
-//! LIST body whole, a WATCH stream line by line ([`FilteredWatch`]).
+//! upstream for JSON, which filters read; [`Filtering::apply`] rewrites the response: a GET body
+//! whole, a LIST as it streams when its filters name markers ([`streamed`]; whole otherwise), a
+//! WATCH stream line by line ([`FilteredWatch`]).
 //!
 //! Filtering sits *after* the cache tee and applies to cache answers too: the cache keeps the
 //! upstream truth, offline answers are filtered exactly as online ones, and a change of filter
@@ -15,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll, ready};
 
@@ -33,8 +35,14 @@ use crate::edge::negotiate;
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 
+mod streamed;
+
+use streamed::{FilterJob, StreamedList};
+
 /// Bodies larger than this are filtered on a blocking thread, off the async workers.
 const BLOCKING_ABOVE: usize = 256 << 10;
+/// The mark of an answer a cache (edge or shared) made.
+const SERVED_FROM: &str = "x-outpost-served-from";
 /// A GET or LIST body larger than this is passed unfiltered (and counted).
 const MAX_FILTERED_BODY: usize = 256 << 20;
 
@@ -43,6 +51,8 @@ pub struct Filtering {
     set: RwLock<FilterSet>,
     ctx: watch::Receiver<Arc<FilterContext>>,
     metrics: Metrics,
+    /// Cleared for good when a streamed list could not be finished ([`StreamedList`]).
+    stream_lists: Arc<AtomicBool>,
 }
 
 impl Filtering {
@@ -57,6 +67,7 @@ impl Filtering {
             set: RwLock::new(set),
             ctx,
             metrics: metrics.clone(),
+            stream_lists: Arc::new(AtomicBool::new(true)),
         }
     }
 
@@ -97,6 +108,19 @@ impl Filtering {
                 resp.map(move |inner| FilteredWatch::new(inner, chain, ctx, metrics).boxed())
             );
         }
+        if let Some(markers) = self.streams(&chain, verb, &resp) {
+            let (mut parts, inner) = resp.into_parts();
+            // A filtered list may differ in length from the one announced.
+            parts.headers.remove(header::CONTENT_LENGTH);
+            let job = FilterJob {
+                chain,
+                ctx: self.ctx.borrow().clone(),
+                metrics: self.metrics.clone(),
+                stream_lists: self.stream_lists.clone(),
+            };
+            let body = StreamedList::new(inner, markers, job).boxed();
+            return Ok(Response::from_parts(parts, body));
+        }
         self.apply_whole(chain, verb, resp).await
     }
 
@@ -110,33 +134,11 @@ impl Filtering {
         let (mut parts, body) = resp.into_parts();
         let Some(bytes) = collect_up_to(body, MAX_FILTERED_BODY).await? else {
             self.count(&chain, "response", "too_large");
-            return Err(ProxyError::BadReply {
-                server: "upstream".into(),
-                cause: format!("response body larger than {MAX_FILTERED_BODY} bytes to filter")
-                    .into(),
-            });
+            return Err(too_large());
         };
         let ctx = self.ctx.borrow().clone();
-        let filter = move |chain: Chain, bytes: Bytes| {
-            let outcome = if verb == Verb::List {
-                chain.filter_list(&bytes, &ctx)
-            } else {
-                chain.filter_object(&bytes, &ctx)
-            };
-            (chain, outcome, bytes)
-        };
-        let (chain, outcome, bytes) = if bytes.len() > BLOCKING_ABOVE {
-            tokio::task::spawn_blocking(move || filter(chain, bytes))
-                .await
-                .map_err(|e| ProxyError::Internal(format!("response filter task: {e}")))?
-        } else {
-            filter(chain, bytes)
-        };
-        let shape = if verb == Verb::List { "list" } else { "object" };
-        self.count(&chain, shape, outcome_label(&outcome));
-        if let Outcome::Undecodable(e) = &outcome {
-            warn!(kind = chain.kind(), error = %e, "response body not decodable; passed unfiltered");
-        }
+        let (chain, outcome, bytes) = filter_whole(chain, verb, bytes, ctx).await?;
+        self.count_outcome(&chain, verb, &outcome);
         let out = outcome.into_bytes(bytes);
         parts
             .headers
@@ -144,11 +146,32 @@ impl Filtering {
         Ok(Response::from_parts(parts, body::full(out)))
     }
 
+    /// A LIST from upstream whose filters name their markers and whose length is not declared
+    /// (kube-apiserver declares none for a large list) is streamed ([`StreamedList`]), unless an
+    /// earlier one could not be finished. One whose length is known (declared, or an answer a
+    /// cache holds whole) is filtered whole and declares its new length.
+    fn streams(
+        &self,
+        chain: &Chain,
+        verb: Verb,
+        resp: &Response<ProxyBody>,
+    ) -> Option<Vec<&'static [u8]>> {
+        let headers = resp.headers();
+        let whole = headers.contains_key(header::CONTENT_LENGTH)
+            || headers.contains_key(SERVED_FROM)
+            || resp.body().size_hint().exact().is_some();
+        if verb != Verb::List || whole || !self.stream_lists.load(Ordering::Relaxed) {
+            return None;
+        }
+        chain.markers()
+    }
+
     fn count(&self, chain: &Chain, shape: &str, outcome: &str) {
-        self.metrics
-            .filtered
-            .with_label_values(&[chain.kind(), shape, outcome])
-            .inc();
+        count(&self.metrics, chain, shape, outcome);
+    }
+
+    fn count_outcome(&self, chain: &Chain, verb: Verb, outcome: &Outcome) {
+        count_outcome(&self.metrics, chain, verb, outcome);
     }
 
     /// Applies `yurt-hub-cfg`: filter-named keys add components. Logs a change.
@@ -163,6 +186,53 @@ impl Filtering {
                 .collect();
             info!(?components, "filter components changed");
         }
+    }
+}
+
+/// `chain` applied to a whole GET, LIST or PATCH body, on a blocking thread when it is large.
+async fn filter_whole(
+    chain: Chain,
+    verb: Verb,
+    bytes: Bytes,
+    ctx: Arc<FilterContext>,
+) -> Result<(Chain, Outcome, Bytes), ProxyError> {
+    let filter = move |chain: Chain, bytes: Bytes| {
+        let outcome = if verb == Verb::List {
+            chain.filter_list(&bytes, &ctx)
+        } else {
+            chain.filter_object(&bytes, &ctx)
+        };
+        (chain, outcome, bytes)
+    };
+    if bytes.len() > BLOCKING_ABOVE {
+        tokio::task::spawn_blocking(move || filter(chain, bytes))
+            .await
+            .map_err(|e| ProxyError::Internal(format!("response filter task: {e}")))
+    } else {
+        Ok(filter(chain, bytes))
+    }
+}
+
+fn too_large() -> ProxyError {
+    ProxyError::BadReply {
+        server: "upstream".into(),
+        cause: format!("response body larger than {MAX_FILTERED_BODY} bytes to filter").into(),
+    }
+}
+
+fn count(metrics: &Metrics, chain: &Chain, shape: &str, outcome: &str) {
+    metrics
+        .filtered
+        .with_label_values(&[chain.kind(), shape, outcome])
+        .inc();
+}
+
+/// Counts what the chain made of a whole body, and logs a body it could not read.
+fn count_outcome(metrics: &Metrics, chain: &Chain, verb: Verb, outcome: &Outcome) {
+    let shape = if verb == Verb::List { "list" } else { "object" };
+    count(metrics, chain, shape, outcome_label(outcome));
+    if let Outcome::Undecodable(e) = outcome {
+        warn!(kind = chain.kind(), error = %e, "response body not decodable; passed unfiltered");
     }
 }
 
@@ -303,6 +373,7 @@ mod tests {
             set: RwLock::new(FilterSet::new(&FilterConfig::default())),
             ctx: watch::Sender::new(Arc::new(ctx)).subscribe(),
             metrics: metrics.clone(),
+            stream_lists: Arc::new(AtomicBool::new(true)),
         }
     }
 
