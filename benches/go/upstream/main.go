@@ -5,7 +5,10 @@
 // request's path, query ignored); the protobuf body answers a request whose Accept names
 // `application/vnd.kubernetes.protobuf` first, as kube-apiserver negotiates; a watch (`watch=true`) is answered with headers and then held open; /healthz,
 // /readyz and /livez answer "ok"; any other path a 404 Status. The listening address is
-// printed on stdout's first line.
+// printed on stdout's first line. Bodies are written as kube-apiserver's SerializeObject writes
+// them: content type, status, the encoded object in one write, and no Content-Length, which
+// net/http then declares only for a body that fits its first buffer (larger ones are chunked
+// over HTTP/1.1, undeclared over HTTP/2).
 package main
 
 import (
@@ -17,11 +20,16 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 )
 
 const notFound = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"NotFound","code":404}`
+
+func serialize(w http.ResponseWriter, mediaType string, body []byte) {
+	w.Header().Set("Content-Type", mediaType)
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
 
 func main() {
 	cert := flag.String("cert", "", "serving certificate (PEM)")
@@ -64,15 +72,9 @@ func main() {
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 		case protobufs[r.URL.Path] != nil && prefersProtobuf(r.Header.Get("Accept")):
-			body := protobufs[r.URL.Path]
-			w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
-			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-			w.Write(body)
+			serialize(w, "application/vnd.kubernetes.protobuf", protobufs[r.URL.Path])
 		case bodies[r.URL.Path] != nil:
-			body := bodies[r.URL.Path]
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-			w.Write(body)
+			serialize(w, "application/json", bodies[r.URL.Path])
 		default:
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusNotFound)
