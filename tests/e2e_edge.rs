@@ -966,21 +966,11 @@ async fn admin_pods(admin: std::net::SocketAddr) -> Vec<String> {
     names(&list)
 }
 
-/// After a burst of work (here: kubelet listing 1,000 pods, parsed and written to the cache) the
-/// hub gives the memory the burst freed back to the kernel (glibc keeps it otherwise).
-/// `(name, nice)` of each thread of process `pid`, from `/proc/<pid>/task/*/stat`.
+/// `(name, nice)` of each thread of process `pid`.
 fn threads_and_nice(pid: u32) -> Vec<(String, i32)> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the hub's /proc");
-    tasks
-        .flatten()
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-            // After the name: the state is field 3 of the file, the nice value field 19.
-            let nice = stat[close + 1..].split_whitespace().nth(16)?.parse().ok()?;
-            Some((stat[open + 1..close].to_owned(), nice))
-        })
-        .collect()
+    let threads = outpost_testkit::threads::threads(Some(pid));
+    assert!(!threads.is_empty(), "the hub's /proc");
+    threads.into_iter().map(|t| (t.name, t.nice)).collect()
 }
 
 /// Caching is work behind the responses: the cache writer and sled's threads run at a lower
@@ -1041,6 +1031,8 @@ async fn the_cache_threads_run_at_a_lower_cpu_priority_than_the_proxy() {
     assert!(base < 19, "a hub at nice 19 has no room below it: {seen:?}");
 }
 
+/// After a burst of work (here: kubelet listing 1,000 pods, parsed and written to the cache) the
+/// hub gives the memory the burst freed back to the kernel (glibc keeps it otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_burst_the_hub_gives_freed_memory_back() {
     let cluster = Cluster::start().await;

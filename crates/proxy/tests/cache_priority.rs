@@ -11,18 +11,10 @@ use outpost_proxy::edge::Writer;
 
 /// The nice values of this process's threads named `outpost-cache-w…`.
 fn writers_nice() -> Vec<i32> {
-    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
-    tasks
-        .flatten()
-        .filter_map(|task| {
-            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
-            let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-            if !stat[open + 1..close].starts_with("outpost-cache-w") {
-                return None;
-            }
-            // After the name: the state is field 3 of the file, the nice value field 19.
-            stat[close + 1..].split_whitespace().nth(16)?.parse().ok()
-        })
+    outpost_testkit::threads::threads(None)
+        .into_iter()
+        .filter(|t| t.name.starts_with("outpost-cache-w"))
+        .map(|t| t.nice)
         .collect()
 }
 

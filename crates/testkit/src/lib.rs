@@ -38,6 +38,7 @@
 //!   ([`FakeApiServer::add_bootstrap_token`]).
 //! - [`pki`]: a throw-away CA, serving cert and identity-bearing client certs.
 //! - [`manifest`]: YAML manifests as JSON values (e.g. for [`FakeApiServer::apply_rbac`]).
+//! - [`threads`]: a process's threads, their names and nice values (`/proc`).
 //! - `kubeconfig`, `reply`, `state`, `util`: helpers.
 
 mod authn;
@@ -68,6 +69,7 @@ pub mod server;
 mod state;
 mod store;
 mod table;
+pub mod threads;
 mod util;
 mod watch;
 

@@ -1154,6 +1154,7 @@ fn outcome_label(outcome: &WriteOutcome) -> &'static str {
 mod tests {
     use super::*;
     use outpost_cache::{Lookup, MemStore};
+    use outpost_testkit::threads::nice_of;
     use serde_json::Value;
 
     fn pods() -> Gvr {
@@ -1475,14 +1476,6 @@ mod tests {
     fn background_nice() -> i32 {
         let me = rustix::thread::gettid().as_raw_nonzero().get();
         (nice_of(me).expect("own nice") + BACKGROUND_NICE_STEP).min(NICEST)
-    }
-
-    /// A thread's nice value, from `/proc/self/task/<tid>/stat` (field 19); `None` once it ended.
-    fn nice_of(tid: i32) -> Option<i32> {
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-        // Fields after the name (which may hold spaces) start with the state, field 3.
-        let after_name = &stat[stat.rfind(')')? + 1..];
-        after_name.split_whitespace().nth(16)?.parse().ok()
     }
 
     #[test]
