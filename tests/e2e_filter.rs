@@ -578,6 +578,44 @@ async fn kubelet_gets_an_in_cluster_kube_proxy_config_and_pod_env_pointing_at_th
     hub.terminate();
 }
 
+/// kubelet's pod LIST, too large for the apiserver to declare its length, streams through
+/// `serviceenvupdater` instead of being held whole, and a pod late in it that sets the
+/// apiserver's address still reaches kubelet rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_pod_list_streams_through_the_filter_and_is_still_rewritten() {
+    let cluster = Cluster::start().await;
+    let fake = &cluster.fake;
+    let pod = |name: &str, env: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": "default",
+                            "annotations": {"pad": "x".repeat(8 << 10)}},
+               "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "busybox", "env": env}]}})
+    };
+    let web: Vec<String> = (0..40).map(|i| format!("web-{i:02}")).collect();
+    for name in &web {
+        fake.create("v1/pods", pod(name, json!([]))).unwrap();
+    }
+    let env = json!([{"name": "KUBERNETES_SERVICE_HOST", "value": "10.96.0.1"}]);
+    fake.create("v1/pods", pod("zz-app", env)).unwrap();
+    let hub = cluster.start_hub();
+    until_ready(&hub, "[+]filters ok").await;
+
+    let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let resp = call(&hub, &path, KUBELET, false).await;
+    let list = ok_json(&resp, "kubelet's pods");
+    assert_eq!(resp.header("content-length"), None, "not held whole");
+    assert_eq!(resp.header("transfer-encoding"), Some("chunked"));
+    let app = item(&list, "default", "zz-app");
+    assert_eq!(
+        app["spec"]["containers"][0]["env"],
+        json!([{"name": "KUBERNETES_SERVICE_HOST", "value": HUB_HOST}])
+    );
+    let listed = names(&list);
+    let every_web = web.iter().all(|w| listed.contains(&format!("default/{w}")));
+    assert!(every_web, "{listed:?}");
+    hub.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flags_and_yurt_hub_cfg_choose_the_filters_live() {
     let cluster = Cluster::start().await;

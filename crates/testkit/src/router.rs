@@ -236,6 +236,7 @@ pub async fn serve(
     } else {
         resp
     };
+    let resp = reply::framed_as_apiserver(resp);
     let arrival = Arrival {
         at: arrived,
         connection: conn.stats.id(),
