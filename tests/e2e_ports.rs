@@ -290,12 +290,13 @@ async fn a_malformed_chunked_body_is_a_400_put_down_to_the_client() {
         message.contains("request body from the client"),
         "{message}"
     );
-    let log = hub.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("request failed")
-            && l.contains("malformed request body from the client")),
-        "{log}"
-    );
+    let blamed_on_the_client = |l: &str| {
+        l.contains("request failed") && l.contains("malformed request body from the client")
+    };
+    let log = hub
+        .log_once(blamed_on_the_client, Duration::from_secs(5))
+        .await;
+    assert!(log.lines().any(blamed_on_the_client), "{log}");
     assert_not_blamed_on_the_apiserver(&cluster, &hub).await;
 }
 

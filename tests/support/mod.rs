@@ -179,6 +179,20 @@ impl HubProcess {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// The log once one of its lines satisfies `found`, or as it stands after `within` (for the
+    /// caller's assertion to show): the hub's output reaches the test through a reader thread,
+    /// a moment after the hub wrote it.
+    pub async fn log_once(&self, found: impl Fn(&str) -> bool, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.log_text();
+            if log.lines().any(&found) || Instant::now() >= deadline {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Sends `signal` (`USR1`, `TERM`…) to the hub.
     pub fn signal(&self, signal: &str) {
         let sent = Command::new("kill")
