@@ -98,12 +98,10 @@ impl Chain {
     /// Whether some filter could change an object in `body`: `false` only when every filter
     /// names a [`Filter::marker`] and none occurs.
     pub fn may_change(&self, body: &[u8]) -> bool {
-        match self.markers() {
-            Some(markers) => markers
-                .iter()
-                .any(|m| memchr::memmem::find(body, m).is_some()),
-            None => true,
-        }
+        self.filters.iter().any(|f| {
+            f.marker()
+                .is_none_or(|m| memchr::memmem::find(body, m).is_some())
+        })
     }
 
     /// Every filter's [`Filter::marker`], or `None` when some filter names none.

@@ -5,6 +5,10 @@
 use http::HeaderMap;
 use http::header::{self, HeaderName, HeaderValue};
 
+/// Set on every answer the hub made from a cache rather than relayed (`edge-cache`,
+/// `shared-cache`, `local-lease`…): it says where the answer came from.
+pub const SERVED_FROM: &str = "x-outpost-served-from";
+
 /// RFC 9110 §7.6.1 connection-specific fields, plus the legacy ones proxies still see.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",

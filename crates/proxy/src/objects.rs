@@ -101,7 +101,7 @@ pub fn answer(
         HeaderValue::from_static(encoding.content_type()),
     );
     headers.insert(
-        "x-outpost-served-from",
+        crate::headers::SERVED_FROM,
         HeaderValue::from_static(served_from),
     );
     resp

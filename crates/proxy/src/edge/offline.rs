@@ -44,7 +44,7 @@ pub fn cache_response(body: ProxyBody, content_type: &str) -> Response<ProxyBody
         HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")),
     );
     headers.insert(
-        "x-outpost-served-from",
+        crate::headers::SERVED_FROM,
         HeaderValue::from_static("edge-cache"),
     );
     resp

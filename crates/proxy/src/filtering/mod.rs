@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use crate::body::{self, BoxError, ProxyBody};
 use crate::edge::negotiate;
 use crate::error::ProxyError;
+use crate::headers::SERVED_FROM;
 use crate::metrics::Metrics;
 
 mod streamed;
@@ -41,8 +42,6 @@ use streamed::{FilterJob, StreamedList};
 
 /// Bodies larger than this are filtered on a blocking thread, off the async workers.
 const BLOCKING_ABOVE: usize = 256 << 10;
-/// The mark of an answer a cache (edge or shared) made.
-const SERVED_FROM: &str = "x-outpost-served-from";
 /// A GET or LIST body larger than this is passed unfiltered (and counted).
 const MAX_FILTERED_BODY: usize = 256 << 20;
 

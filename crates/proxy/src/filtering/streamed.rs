@@ -66,6 +66,7 @@ pub(crate) struct StreamedList {
     markers: Vec<memmem::Finder<'static>>,
     /// The last bytes received, one short of the longest marker: a marker split across chunks.
     carry: Vec<u8>,
+    carry_len: usize,
     /// Every chunk received, in order (kept for filtering the whole list).
     received: Vec<Bytes>,
     received_len: usize,
@@ -77,11 +78,13 @@ pub(crate) struct StreamedList {
 
 impl StreamedList {
     pub(crate) fn new(inner: ProxyBody, markers: Vec<&'static [u8]>, job: FilterJob) -> Self {
+        let carry_len = markers.iter().map(|m| m.len()).max().unwrap_or(1) - 1;
         StreamedList {
             inner,
             job: Some(job),
             markers: markers.into_iter().map(memmem::Finder::new).collect(),
             carry: Vec::new(),
+            carry_len,
             received: Vec::new(),
             received_len: 0,
             sent: 0,
@@ -93,19 +96,17 @@ impl StreamedList {
     /// Keeps `chunk`; whether a marker ends in it.
     fn receive(&mut self, chunk: Bytes) -> bool {
         let found = self.marker_ends_in(&chunk);
-        self.received_len += chunk.len();
-        self.received.push(chunk);
+        self.keep(chunk);
         found
     }
 
+    fn keep(&mut self, chunk: Bytes) {
+        self.received_len += chunk.len();
+        self.received.push(chunk);
+    }
+
     fn marker_ends_in(&mut self, chunk: &[u8]) -> bool {
-        let keep = self
-            .markers
-            .iter()
-            .map(|m| m.needle().len())
-            .max()
-            .unwrap_or(1)
-            - 1;
+        let keep = self.carry_len;
         let mut joint = std::mem::take(&mut self.carry);
         joint.extend_from_slice(&chunk[..chunk.len().min(keep)]);
         let found = self
@@ -224,8 +225,7 @@ impl Body for StreamedList {
                 State::Collecting => match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
-                            this.received_len += data.len();
-                            this.received.push(data);
+                            this.keep(data);
                         }
                         if this.received_len > MAX_FILTERED_BODY {
                             let job = this.job.as_ref().expect("counted once");

@@ -269,7 +269,7 @@ impl SharedRead<'_> {
 
     /// Called with the normal way's answer: the apiserver's success for a token is its grant.
     pub fn learn(&self, resp: &Response<ProxyBody>) {
-        let from_apiserver = !resp.headers().contains_key("x-outpost-served-from");
+        let from_apiserver = !resp.headers().contains_key(crate::headers::SERVED_FROM);
         if let (Some(grant), true) = (&self.grant, resp.status().is_success() && from_apiserver) {
             self.multiplexer.grants.remember(grant.clone());
         }

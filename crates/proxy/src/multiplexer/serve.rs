@@ -18,9 +18,10 @@ use crate::body::ProxyBody;
 use crate::edge::offline;
 use crate::edge::overlay::Sent;
 use crate::edge::watch::{bookmark, bookmark_ticks, event_line, streamed, watch_timeout};
+use crate::headers::SERVED_FROM;
 
-/// The `x-outpost-served-from` mark of these answers.
-const SERVED_FROM: HeaderValue = HeaderValue::from_static("shared-cache");
+/// The [`SERVED_FROM`] mark of these answers.
+const SHARED_CACHE: HeaderValue = HeaderValue::from_static("shared-cache");
 
 /// Where a LIST or WATCH with these query options may be answered from the store; `None`
 /// sends it upstream (a `continue` token, an exact or unreadable resourceVersion).
@@ -102,8 +103,7 @@ pub fn watch_response(
 }
 
 fn marked(mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
-    resp.headers_mut()
-        .insert("x-outpost-served-from", SERVED_FROM);
+    resp.headers_mut().insert(SERVED_FROM, SHARED_CACHE);
     resp
 }
 
