@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body::Body as _;
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use http_body_util::{BodyExt, BodyStream, Full, StreamBody, combinators::BoxBody};
 use outpost_core::{Reason, Status};
 use serde_json::{Value, json};
 
@@ -84,33 +84,12 @@ pub fn framed_as_apiserver(resp: Response<Body>) -> Response<Body> {
     if declared || !large {
         return resp;
     }
-    resp.map(|body| Undeclared(Some(body)).boxed())
+    // Its frames as they come, with no size to declare.
+    resp.map(|body| StreamBody::new(BodyStream::new(body)).boxed())
 }
 
 /// net/http's first buffer: HTTP/2's handler chunk (HTTP/1.1's is smaller still, 2 KiB).
 const DECLARED_UP_TO: u64 = 4 << 10;
-
-/// A body whose length is not declared (its size hint is not exact); its frames as they come.
-struct Undeclared(Option<Body>);
-
-impl http_body::Body for Undeclared {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        let Some(body) = self.0.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let frame = std::task::ready!(std::pin::Pin::new(body).poll_frame(cx));
-        if frame.is_none() {
-            self.0 = None;
-        }
-        std::task::Poll::Ready(frame)
-    }
-}
 
 pub fn json_response(code: u16, value: &Value) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_default();
