@@ -192,7 +192,7 @@ async fn assert_one_http1_connection_per_watch(cluster: &Cluster, hub: &HubProce
 
 /// A TCP relay between the hub and the fake that can go silent on the connections it has
 /// (bytes no longer forwarded, sockets kept open: a link that died without a FIN), while new
-/// connections pass.
+/// connections pass; every byte crosses it `latency` late, each way.
 struct Relay {
     addr: std::net::SocketAddr,
     silences: Arc<Mutex<Vec<watch::Sender<bool>>>>,
@@ -201,6 +201,10 @@ struct Relay {
 
 impl Relay {
     async fn start(to: std::net::SocketAddr) -> Relay {
+        Relay::with_latency(to, Duration::ZERO).await
+    }
+
+    async fn with_latency(to: std::net::SocketAddr, latency: Duration) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let silences = Arc::new(Mutex::new(Vec::new()));
@@ -210,7 +214,7 @@ impl Relay {
             while let Ok((client, _)) = listener.accept().await {
                 let (silence, silenced) = watch::channel(false);
                 registry.lock().unwrap().push(silence);
-                conns.spawn(relay(client, to, silenced));
+                conns.spawn(relay(client, to, latency, silenced));
             }
         });
         Relay {
@@ -233,16 +237,22 @@ impl Drop for Relay {
     }
 }
 
-async fn relay(client: TcpStream, to: std::net::SocketAddr, mut silenced: watch::Receiver<bool>) {
+async fn relay(
+    client: TcpStream,
+    to: std::net::SocketAddr,
+    latency: Duration,
+    mut silenced: watch::Receiver<bool>,
+) {
     let Ok(server) = TcpStream::connect(to).await else {
         return;
     };
+    // Borrowed, not moved: silenced, the relay keeps both sockets open.
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let forward = async {
         tokio::select! {
-            _ = tokio::io::copy(&mut cr, &mut sw) => {}
-            _ = tokio::io::copy(&mut sr, &mut cw) => {}
+            _ = late_copy(&mut cr, &mut sw, latency) => {}
+            _ = late_copy(&mut sr, &mut cw, latency) => {}
         }
     };
     let silence = async {
@@ -255,6 +265,66 @@ async fn relay(client: TcpStream, to: std::net::SocketAddr, mut silenced: watch:
             std::future::pending::<()>().await;
         }
     }
+}
+
+/// Copies `from` to `to`, each read written `latency` after it was read (in order, never
+/// sooner): a link's delay, not its bandwidth.
+async fn late_copy(
+    from: &mut tokio::net::tcp::OwnedReadHalf,
+    to: &mut tokio::net::tcp::OwnedWriteHalf,
+    latency: Duration,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            if tx
+                .send((tokio::time::Instant::now() + latency, buf[..n].to_vec()))
+                .is_err()
+            {
+                break;
+            }
+        }
+    };
+    let write = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::join!(read, write);
+}
+
+/// Behind a slow link, a burst of requests on a new connection leaves before the server's
+/// SETTINGS name its stream limit, and the server refuses the streams beyond it
+/// (REFUSED_STREAM: not processed). Each refused one is sent again, on a connection with room,
+/// instead of failing the client: every watch of the burst opens and sees the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_refused_on_a_new_connection_are_sent_again() {
+    let cluster = Cluster::start_with(FakeConfig {
+        http2_max_streams: 4,
+        ..FakeConfig::default()
+    })
+    .await;
+    let relay = Relay::with_latency(cluster.fake.addr(), Duration::from_millis(100)).await;
+    let hub = cluster.start_hub_with_flags(&[&format!("--server-addr=https://{}", relay.addr)]);
+    support::wait_online(&hub).await;
+    let burst = (0..12).map(|_| open_pod_watch(&hub));
+    let mut watches = futures_util::future::join_all(burst).await;
+    cluster
+        .fake
+        .create("v1/pods", pod("web-1", NODE, "web"))
+        .unwrap();
+    for w in &mut watches {
+        assert!(sees(w, "web-1", Duration::from_secs(10)).await);
+    }
+    assert!(
+        hub.log_text()
+            .contains("the apiserver refused a stream; sending it once more"),
+        "the burst outran the server's SETTINGS (else this test shows nothing)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

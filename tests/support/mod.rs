@@ -238,6 +238,10 @@ impl Drop for HubProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows what the hub said (the test harness prints captured output).
+        if std::thread::panicking() {
+            eprintln!("--- the hub's log ---\n{}", self.log_text());
+        }
     }
 }
 

@@ -126,6 +126,9 @@ fn max_streams_in(settings: &[u8]) -> Option<u32> {
 pub struct Tally {
     streams: Mutex<Streams>,
     max_streams: AtomicU32,
+    /// The last limit the server named on any connection (0: none yet), shared by the
+    /// connections to one server.
+    advertised: Arc<AtomicU32>,
     going_away: AtomicBool,
     /// `outpost_upstream_streams{server}`.
     gauge: IntGauge,
@@ -140,10 +143,19 @@ struct Streams {
 }
 
 impl Tally {
-    pub fn new(gauge: IntGauge) -> Arc<Tally> {
+    /// Until the connection's own SETTINGS arrive, the limit is the one the server last
+    /// `advertised` on another connection, else [`INITIAL_MAX_STREAMS`]: the server's limit is
+    /// its configuration, and a burst on a new connection that took more than it would be
+    /// refused.
+    pub fn new(gauge: IntGauge, advertised: Arc<AtomicU32>) -> Arc<Tally> {
+        let initial = match advertised.load(Ordering::Relaxed) {
+            0 => INITIAL_MAX_STREAMS,
+            known => known,
+        };
         Arc::new(Tally {
             streams: Mutex::new(Streams::default()),
-            max_streams: AtomicU32::new(INITIAL_MAX_STREAMS),
+            max_streams: AtomicU32::new(initial),
+            advertised,
             going_away: AtomicBool::new(false),
             gauge,
         })
@@ -203,6 +215,7 @@ impl Tally {
             FRAME_SETTINGS if head.flags & FLAG_ACK == 0 => {
                 if let Some(max) = max_streams_in(payload) {
                     self.max_streams.store(max, Ordering::Relaxed);
+                    self.advertised.store(max, Ordering::Relaxed);
                 }
             }
             FRAME_GOAWAY => self.going_away.store(true, Ordering::Relaxed),
@@ -362,9 +375,25 @@ mod tests {
     }
 
     #[test]
+    fn a_new_connection_starts_at_the_limit_the_server_last_named() {
+        let gauge = IntGauge::new("t", "t").unwrap();
+        let advertised = Arc::new(AtomicU32::new(0));
+        let first = Tally::new(gauge.clone(), advertised.clone());
+        assert_eq!(first.max_streams(), INITIAL_MAX_STREAMS);
+        let settings = FrameHead {
+            kind: FRAME_SETTINGS,
+            flags: 0,
+            stream: 0,
+        };
+        first.received(settings, &[0, 3, 0, 0, 0, 4]);
+        let second = Tally::new(gauge, advertised);
+        assert_eq!(second.max_streams(), 4, "before its own SETTINGS");
+    }
+
+    #[test]
     fn streams_open_on_headers_and_close_when_the_server_ends_or_resets_them() {
         let gauge = IntGauge::new("t", "t").unwrap();
-        let tally = Tally::new(gauge.clone());
+        let tally = Tally::new(gauge.clone(), Arc::default());
         let head = |kind, flags, stream| FrameHead {
             kind,
             flags,

@@ -15,14 +15,17 @@
 //! (client-go's `ReadIdleTimeout`); unanswered within `--http2-ping-timeout-seconds` the
 //! connection is closed, which ends every stream on it at once (watches included), and the
 //! server is suspected ([`super::ServerStates::suspect`]): the prober looks at it now. A
-//! connection the server closes or resets is only logged, as a lost HTTP/1.1 one is.
+//! connection the server closes or resets is only logged, as a lost HTTP/1.1 one is. A stream
+//! the server refuses (REFUSED_STREAM: not processed) is sent once more when it has no body,
+//! as Go's transport does.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::{self, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -86,6 +89,8 @@ struct ServerPool {
     dialing: tokio::sync::Mutex<()>,
     /// ALPN chose HTTP/1.1.
     http1_only: AtomicBool,
+    /// The stream limit the server last named (see [`Tally::new`]).
+    advertised: Arc<AtomicU32>,
 }
 
 #[derive(Clone)]
@@ -126,21 +131,47 @@ impl H2Client {
     }
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
-    /// speaks only HTTP/1.1.
-    pub async fn dispatch(&self, server: &Server, mut req: Request<ProxyBody>) -> Dispatch {
+    /// speaks only HTTP/1.1. A bodiless request whose stream the server refuses is sent once
+    /// more (see [`refused`]).
+    pub async fn dispatch(&self, server: &Server, req: Request<ProxyBody>) -> Dispatch {
         let pool = self.pool(server);
-        if pool.http1_only.load(Ordering::Relaxed) {
-            return Dispatch::Http1(req);
+        let mut again = req.body().is_end_stream().then(|| bodiless_copy(&req));
+        let mut req = req;
+        loop {
+            let sent = match self.send_on(server, &pool, req).await {
+                Ok(sent) => sent,
+                Err(dispatch) => return dispatch,
+            };
+            match sent {
+                Err(e) if refused(&e) && again.is_some() => {
+                    info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
+                    req = again.take().expect("checked above");
+                }
+                sent => return Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e))),
+            }
         }
-        let (mut tx, reservation) = match self.checkout(server, &pool).await {
+    }
+
+    /// One send on a connection with room; `Err` is the dispatch already decided (HTTP/1.1, or
+    /// no connection).
+    async fn send_on(
+        &self,
+        server: &Server,
+        pool: &ServerPool,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Result<Response<Incoming>, hyper::Error>, Dispatch> {
+        if pool.http1_only.load(Ordering::Relaxed) {
+            return Err(Dispatch::Http1(req));
+        }
+        let (mut tx, reservation) = match self.checkout(server, pool).await {
             Ok(Some(taken)) => taken,
-            Ok(None) => return Dispatch::Http1(req),
-            Err(e) => return Dispatch::Http2(Err(e)),
+            Ok(None) => return Err(Dispatch::Http1(req)),
+            Err(e) => return Err(Dispatch::Http2(Err(e))),
         };
         *req.version_mut() = http::Version::HTTP_2;
         let sent = tx.send_request(req).await;
         drop(reservation);
-        Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e)))
+        Ok(sent)
     }
 
     /// A connection with room for one more stream, dialled if none has; `None` when the
@@ -157,7 +188,7 @@ impl H2Client {
         if let Some(taken) = pool.reserve() {
             return Ok(Some(taken));
         }
-        match self.dial(server).await? {
+        match self.dial(server, pool).await? {
             Dialed::Http1 => {
                 info!(server = %server.label(), "the apiserver offers no HTTP/2; using HTTP/1.1");
                 pool.http1_only.store(true, Ordering::Relaxed);
@@ -175,7 +206,7 @@ impl H2Client {
     }
 
     /// TCP, TLS with ALPN, and for `h2` the HTTP/2 handshake, its connection task spawned.
-    async fn dial(&self, server: &Server) -> Result<Dialed, ProxyError> {
+    async fn dial(&self, server: &Server, pool: &ServerPool) -> Result<Dialed, ProxyError> {
         let unreachable =
             |cause: Box<dyn std::error::Error + Send + Sync>| ProxyError::Unreachable {
                 server: server.label(),
@@ -197,7 +228,10 @@ impl H2Client {
             return Ok(Dialed::Http1);
         }
         let label = server.label();
-        let tally = Tally::new(self.streams.with_label_values(&[label.as_str()]));
+        let tally = Tally::new(
+            self.streams.with_label_values(&[label.as_str()]),
+            pool.advertised.clone(),
+        );
         let io = TokioIo::new(FrameTap::new(tls, tally.clone()));
         let (tx, connection) = self
             .builder()
@@ -281,6 +315,26 @@ fn server_name(uri: &Uri) -> Result<ServerName<'static>, rustls::pki_types::Inva
 /// type is private; its message is the mark).
 fn ping_unanswered(err: &hyper::Error) -> bool {
     std::error::Error::source(err).is_some_and(|cause| cause.to_string() == "keep-alive timed out")
+}
+
+/// Whether the server reset the request's stream with REFUSED_STREAM: it did not process the
+/// request (RFC 9113 §8.7), which may go again. Chiefly a burst on a new connection that left
+/// before the server's SETTINGS named its stream limit; by the time the reset is read, the
+/// connection's [`Tally`] has that limit, so the second send finds room or dials.
+fn refused(err: &hyper::Error) -> bool {
+    std::error::Error::source(err)
+        .and_then(|cause| cause.downcast_ref::<::h2::Error>())
+        .is_some_and(|e| e.reason() == Some(::h2::Reason::REFUSED_STREAM))
+}
+
+/// The same request without a body, for a second send (extensions are not carried: nothing
+/// below the pipeline reads them).
+fn bodiless_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
+    let mut copy = Request::new(crate::body::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.headers_mut() = req.headers().clone();
+    copy
 }
 
 /// A failed HTTP/2 exchange: a protocol violation in the answer is a bad reply; anything
