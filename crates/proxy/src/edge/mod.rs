@@ -12,6 +12,7 @@
 //! Filters (a later issue) run on the way out, after the tee, so the cache keeps the upstream
 //! truth and a change of filter configuration applies to cached data too.
 
+pub mod confirmed;
 pub mod kinds;
 pub mod list_items;
 pub mod lists;

@@ -276,6 +276,7 @@ impl TeeBody {
         self.done = true;
         let body = std::mem::take(&mut self.whole);
         let op = match self.sink.clone() {
+            Sink::Object(key) if self.writer.still_holds(&key, &body) => return,
             Sink::Object(key) => CacheOp::Object { key, body },
             Sink::Written(key) => CacheOp::Written { key, body },
             Sink::List(scope) => CacheOp::List { scope, body },

@@ -28,6 +28,7 @@ use outpost_core::wire::{EventError, List, ObjectHead, WatchEvent};
 use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
+use super::confirmed::Confirmed;
 use super::kinds::{self, KindCheck, KindInfo, TypeMetaHead};
 use super::offline;
 use crate::metrics::Metrics;
@@ -158,6 +159,8 @@ struct Shared {
     max_object_bytes: usize,
     /// The writer thread, woken early from its linger ([`next_entry`]) when someone waits.
     thread: std::sync::OnceLock<std::thread::Thread>,
+    /// GET answers found stored as they are, which need not come here again.
+    confirmed: Confirmed,
 }
 
 impl Shared {
@@ -269,6 +272,7 @@ impl Writer {
             store,
             max_object_bytes,
             thread: std::sync::OnceLock::new(),
+            confirmed: Confirmed::default(),
         });
         let writer = Writer {
             tx,
@@ -294,6 +298,21 @@ impl Writer {
     /// Objects larger than this are proxied but not cached.
     pub fn max_object_bytes(&self) -> usize {
         self.shared.max_object_bytes
+    }
+
+    /// Whether a GET's answer for `key` is what the store holds, pinned, unchanged since the
+    /// writer last found it so ([`super::confirmed`]): then it is counted as an unchanged
+    /// write and need not be queued.
+    pub fn still_holds(&self, key: &ObjectKey, body: &Chunks) -> bool {
+        let seq = self.shared.store.write_seq();
+        let held = self.shared.confirmed.holds(key, body.pieces(), seq);
+        if held {
+            self.metrics
+                .cache_writes
+                .with_label_values(&["object", "unchanged"])
+                .inc();
+        }
+        held
     }
 
     /// Queues `op`; `None` when the queue is full or the writer is gone (the op is dropped).
@@ -557,7 +576,13 @@ fn run(
         let Entry { op, ticket, .. } = entry;
         let label = op.label();
         let scope = op.scope().cloned();
-        let outcomes = apply(store, op, &mut known_kinds, shared.max_object_bytes);
+        let outcomes = apply(
+            store,
+            op,
+            &mut known_kinds,
+            shared.max_object_bytes,
+            &shared.confirmed,
+        );
         if let Some(scope) = &scope {
             after_scope_op(shared, metrics, label, scope, ticket, &outcomes);
         }
@@ -799,14 +824,10 @@ fn apply(
     op: CacheOp,
     kinds: &mut HashMap<Gvr, KindInfo>,
     max_object: usize,
+    confirmed: &Confirmed,
 ) -> Vec<Applied> {
     let applied = match op {
-        CacheOp::Object { key, body } => {
-            apply_object(store, &key, &body.joined(), kinds).and_then(|outcome| {
-                forget_absence(store, &key)?;
-                Ok(outcome)
-            })
-        }
+        CacheOp::Object { key, body } => apply_get(store, key, body.joined(), kinds, confirmed),
         CacheOp::Written { key, body } => apply_written(store, key, &body.joined(), kinds),
         CacheOp::Gone { key } => apply_gone(store, &key),
         CacheOp::List { scope, body } => {
@@ -836,6 +857,26 @@ fn apply(
             .map_err(ApplyError::from),
     };
     vec![applied]
+}
+
+/// A GET's answer. One found stored as it is, pinned, is remembered with the write sequence
+/// noted before the look ([`Confirmed`]), so that the same answer again stays on the request
+/// path while nothing has been committed since.
+fn apply_get(
+    store: &dyn Store,
+    key: ObjectKey,
+    body: Bytes,
+    kinds: &mut HashMap<Gvr, KindInfo>,
+    confirmed: &Confirmed,
+) -> Applied {
+    let seq = store.write_seq();
+    let outcome = apply_object(store, &key, &body, kinds)?;
+    // A note of its absence deleted here moves the sequence past `seq`: nothing is remembered.
+    forget_absence(store, &key)?;
+    if outcome == outcome_label(&WriteOutcome::Unchanged) {
+        confirmed.remember(key, seq, body);
+    }
+    Ok(outcome)
 }
 
 /// The object a write left, kept as a GET's answer would be (a create's name read from it) —
@@ -1168,7 +1209,10 @@ mod tests {
     fn apply_all(store: &dyn Store, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         ops.into_iter()
-            .flat_map(|op| apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES))
+            .flat_map(|op| {
+                let confirmed = Confirmed::default();
+                apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES, &confirmed)
+            })
             .map(label_of)
             .collect()
     }
@@ -1605,6 +1649,57 @@ mod tests {
             writer.caught_up(Duration::ZERO).await,
             "nothing queued: no wait"
         );
+    }
+
+    /// kubelet GETs its Node in a loop: once the writer has found an answer stored as it is,
+    /// the same answer again is not queued, until anything is committed (here the offline
+    /// node status's own write): then it goes to the writer again and is stored back.
+    #[tokio::test]
+    async fn a_repeated_answer_skips_the_queue_until_the_store_changes() {
+        let store = Arc::new(MemStore::new());
+        let metrics = Metrics::new();
+        let writer = Writer::start(store.clone(), metrics.clone(), false).unwrap();
+        let nodes = Gvr::new("", "v1", "nodes");
+        let key = ObjectKey::new("kubelet", &nodes, "", "edge-1");
+        let node = |label: &str| {
+            Bytes::from(format!(
+                r#"{{"kind":"Node","apiVersion":"v1","metadata":{{"name":"edge-1","resourceVersion":"3","labels":{{"l":"{label}"}}}}}}"#
+            ))
+        };
+        let answer = |body: Bytes| async {
+            let queued = !writer.still_holds(&key, &body.clone().into());
+            if queued {
+                let op = CacheOp::Object {
+                    key: key.clone(),
+                    body: body.into(),
+                };
+                assert!(writer.submit(op).is_some());
+                assert!(writer.caught_up(Duration::from_secs(10)).await);
+            }
+            queued
+        };
+        let unchanged = || {
+            metrics
+                .cache_writes
+                .with_label_values(&["object", "unchanged"])
+                .get()
+        };
+        assert!(answer(node("x")).await, "first answer: stored");
+        assert!(answer(node("x")).await, "the writer confirms it");
+        assert_eq!(unchanged(), 1);
+        assert!(!answer(node("x")).await, "the same again stays here");
+        assert_eq!(unchanged(), 2, "and counts as unchanged");
+        assert!(answer(node("w")).await, "another answer is queued");
+        assert!(answer(node("x")).await);
+        assert!(answer(node("x")).await);
+        assert!(!answer(node("x")).await);
+
+        store.put_object("kubelet", &nodes, &node("y")).unwrap();
+        assert!(answer(node("x")).await, "a commit since: queued again");
+        let Lookup::Found(held) = store.get(&key).unwrap() else {
+            panic!("the node is cached");
+        };
+        assert_eq!(held.bytes, node("x"), "and stored back");
     }
 
     #[test]
