@@ -88,6 +88,26 @@ async fn upstream_streams(hub: &HubProcess, cluster: &Cluster) -> f64 {
     sample(&metrics_text(hub).await, &series).unwrap_or(0.0)
 }
 
+/// A fake apiserver that allows 4 concurrent streams per HTTP/2 connection.
+async fn four_streams_per_connection() -> Cluster {
+    Cluster::start_with(FakeConfig {
+        http2_max_streams: 4,
+        ..FakeConfig::default()
+    })
+    .await
+}
+
+/// Creates pod `web-1` and checks that every one of `watches` sees it (`why` if one does not).
+async fn every_watch_sees_a_new_pod(cluster: &Cluster, watches: &mut [TcpStream], why: &str) {
+    cluster
+        .fake
+        .create("v1/pods", pod("web-1", NODE, "web"))
+        .unwrap();
+    for w in watches {
+        assert!(sees(w, "web-1", Duration::from_secs(10)).await, "{why}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_carries_every_request_and_watch_over_one_connection() {
     let cluster = Cluster::start().await;
@@ -119,22 +139,12 @@ async fn http2_carries_every_request_and_watch_over_one_connection() {
         (1, 0),
         "one HTTP/2 connection carries the node's requests, none over HTTP/1.1"
     );
-    cluster
-        .fake
-        .create("v1/pods", pod("web-1", NODE, "web"))
-        .unwrap();
-    for w in &mut watches {
-        assert!(sees(w, "web-1", Duration::from_secs(10)).await);
-    }
+    every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch over HTTP/2").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_opens_only_at_the_servers_stream_limit() {
-    let cluster = Cluster::start_with(FakeConfig {
-        http2_max_streams: 4,
-        ..FakeConfig::default()
-    })
-    .await;
+    let cluster = four_streams_per_connection().await;
     let hub = cluster.start_hub();
     support::wait_online(&hub).await;
     let mut watches = Vec::new();
@@ -142,16 +152,8 @@ async fn a_second_connection_opens_only_at_the_servers_stream_limit() {
         watches.push(open_pod_watch(&hub).await);
     }
     // No watch waits for a stream: every one of them sees the change.
-    cluster
-        .fake
-        .create("v1/pods", pod("web-1", NODE, "web"))
-        .unwrap();
-    for w in &mut watches {
-        assert!(
-            sees(w, "web-1", Duration::from_secs(10)).await,
-            "a watch beyond the limit got its own stream"
-        );
-    }
+    let why = "a watch beyond the limit got its own stream";
+    every_watch_sees_a_new_pod(&cluster, &mut watches, why).await;
     let streams = upstream_streams(&hub, &cluster).await;
     let (http2, http1) = node_connections(&cluster);
     let needed = (streams as usize).div_ceil(4);
@@ -303,23 +305,13 @@ async fn late_copy(
 /// instead of failing the client: every watch of the burst opens and sees the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_refused_on_a_new_connection_are_sent_again() {
-    let cluster = Cluster::start_with(FakeConfig {
-        http2_max_streams: 4,
-        ..FakeConfig::default()
-    })
-    .await;
+    let cluster = four_streams_per_connection().await;
     let relay = Relay::with_latency(cluster.fake.addr(), Duration::from_millis(100)).await;
     let hub = cluster.start_hub_with_flags(&[&format!("--server-addr=https://{}", relay.addr)]);
     support::wait_online(&hub).await;
     let burst = (0..12).map(|_| open_pod_watch(&hub));
     let mut watches = futures_util::future::join_all(burst).await;
-    cluster
-        .fake
-        .create("v1/pods", pod("web-1", NODE, "web"))
-        .unwrap();
-    for w in &mut watches {
-        assert!(sees(w, "web-1", Duration::from_secs(10)).await);
-    }
+    every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch of the burst").await;
     assert!(
         hub.log_text()
             .contains("the apiserver refused a stream; sending it once more"),
