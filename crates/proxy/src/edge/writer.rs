@@ -307,10 +307,8 @@ impl Writer {
         let seq = self.shared.store.write_seq();
         let held = self.shared.confirmed.holds(key, body.pieces(), seq);
         if held {
-            self.metrics
-                .cache_writes
-                .with_label_values(&["object", "unchanged"])
-                .inc();
+            let unchanged = outcome_label(&WriteOutcome::Unchanged);
+            record(&self.metrics, "object", Ok(unchanged));
         }
         held
     }
@@ -1208,11 +1206,9 @@ mod tests {
 
     fn apply_all(store: &dyn Store, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
+        let confirmed = Confirmed::default();
         ops.into_iter()
-            .flat_map(|op| {
-                let confirmed = Confirmed::default();
-                apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES, &confirmed)
-            })
+            .flat_map(|op| apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES, &confirmed))
             .map(label_of)
             .collect()
     }

@@ -142,12 +142,14 @@ impl H2Client {
                 Ok(sent) => sent,
                 Err(dispatch) => return dispatch,
             };
-            match sent {
-                Err(e) if refused(&e) && again.is_some() => {
+            match (sent, again.take()) {
+                (Err(e), Some(copy)) if refused(&e) => {
                     info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
-                    req = again.take().expect("checked above");
+                    req = copy;
                 }
-                sent => return Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e))),
+                (sent, _) => {
+                    return Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e)));
+                }
             }
         }
     }
