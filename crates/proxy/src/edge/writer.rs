@@ -24,7 +24,7 @@ use bytes::Bytes;
 use outpost_cache::{
     CacheError, EventType, Gvr, ObjectKey, ReplaceOutcome, Scope, ScopeId, Store, WriteOutcome,
 };
-use outpost_core::wire::{EventError, List, ObjectHead, WatchEvent};
+use outpost_core::wire::{EventError, LocatedList, ObjectHead, WatchEvent};
 use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
@@ -972,7 +972,10 @@ fn apply_list(
     kinds: &mut HashMap<Gvr, KindInfo>,
     max_object: usize,
 ) -> Applied {
-    let list = List::parse(body).map_err(|e| ApplyError::Invalid(format!("list body: {e}")))?;
+    // Items located, not read: the store holds most of a relist byte for byte already, and
+    // reads every other item whole before writing it (`Store::replace_scope`).
+    let list =
+        LocatedList::parse(body).map_err(|e| ApplyError::Invalid(format!("list body: {e}")))?;
     let (Some(list_kind), Some(api_version)) = (&list.kind, &list.api_version) else {
         return Err(ApplyError::Invalid(
             "list body without kind/apiVersion".into(),
@@ -989,19 +992,19 @@ fn apply_list(
     if list.metadata.resource_version.is_empty() {
         return Err(ApplyError::Invalid("list without resourceVersion".into()));
     }
-    let raw_items = list.items.unwrap_or_default();
     // A scope must never silently lack an item: one too large, and the list is not cached.
-    if let Some(big) = raw_items.iter().find(|i| i.get().len() > max_object) {
+    if let Some(big) = list.items.iter().find(|i| i.len() > max_object) {
         return Err(ApplyError::TooLarge(format!(
             "a list item of {} bytes, over the {max_object}-byte limit",
-            big.get().len()
+            big.len()
         )));
     }
     let head = TypeMetaHead::of(&kind);
     let replace = |check| {
-        let items: Vec<_> = raw_items
+        let items: Vec<_> = list
+            .items
             .iter()
-            .map(|raw| kinds::with_type_meta(raw.get().as_bytes(), &head, check))
+            .map(|item| kinds::with_type_meta(item, &head, check))
             .collect();
         let item_refs: Vec<&[u8]> = items.iter().map(AsRef::as_ref).collect();
         store.replace_scope(scope, &list.metadata.resource_version, &item_refs)
@@ -1336,6 +1339,38 @@ mod tests {
         assert_eq!(outcomes, ["invalid"; 5]);
         assert!(store.list(&scope()).unwrap().is_none());
         assert!(store.get_document("discovery/x").unwrap().is_none());
+    }
+
+    /// A list's items are located, not parsed, before the store sees them: an item that is not
+    /// JSON inside must still keep the list out, whether or not the scope held its neighbours.
+    #[test]
+    fn a_list_with_an_item_that_is_not_json_inside_is_not_cached() {
+        let odd = r#"{"metadata":{"name":"b","namespace":"d","resourceVersion":"12","uid":"u2"},"spec":{"x":tru}}"#;
+        let relist = |rv: &str, items: &[&str]| {
+            CacheOp::List {
+            scope: scope(),
+            body: Bytes::from(format!(
+                r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"}},"items":[{}]}}"#,
+                items.join(",")
+            ))
+            .into(),
+        }
+        };
+        let a = r#"{"metadata":{"name":"a","namespace":"d","resourceVersion":"9","uid":"u1"}}"#;
+        let store = MemStore::new();
+        assert_eq!(
+            apply_all(&store, vec![relist("12", &[a, odd])]),
+            ["invalid"]
+        );
+        assert!(store.list(&scope()).unwrap().is_none());
+
+        let outcomes = apply_all(&store, vec![relist("10", &[a]), relist("13", &[a, odd])]);
+        assert_eq!(outcomes, ["replaced", "invalid"]);
+        let list = store.list(&scope()).unwrap().unwrap();
+        assert_eq!(
+            (list.items.len(), list.resource_version.as_str()),
+            (1, "10")
+        );
     }
 
     #[test]
