@@ -220,8 +220,8 @@ struct BlockScan {
 struct Masks {
     quotes: u64,
     backslashes: u64,
-    opens: u64,
-    closes: u64,
+    /// `{` and `}` (told apart by their byte: few are visited).
+    braces: u64,
 }
 
 impl Masks {
@@ -237,20 +237,23 @@ impl Masks {
 
     fn of_whole(block: &[u8; BLOCK]) -> Masks {
         Masks {
-            quotes: bits_equal(block, b'"'),
-            backslashes: bits_equal(block, b'\\'),
-            opens: bits_equal(block, b'{'),
-            closes: bits_equal(block, b'}'),
+            quotes: bits_where(block, |byte| byte == b'"'),
+            backslashes: bits_where(block, |byte| byte == b'\\'),
+            braces: bits_where(block, |byte| byte == b'{' || byte == b'}'),
         }
     }
 }
 
-/// Bit `i` set where `block[i] == byte`. Written for the compiler to vectorize: a compare per
+/// Bit `i` set where `block[i]` matches. Written for the compiler to vectorize: a compare per
 /// byte into 0 or 1, then each eight of those gathered into a byte by one multiplication (the
-/// 1 of byte `k` lands on bit `56 + k`, no two partial products meeting).
-fn bits_equal(block: &[u8; BLOCK], byte: u8) -> u64 {
+/// 1 of byte `k` lands on bit `56 + k`, no two partial products meeting), skipped for a block
+/// without a match (most blocks have no backslash).
+fn bits_where(block: &[u8; BLOCK], matches: impl Fn(u8) -> bool) -> u64 {
     const GATHER: u64 = 0x0102_0408_1020_4080;
-    let ones: [u8; BLOCK] = std::array::from_fn(|i| u8::from(block[i] == byte));
+    let ones: [u8; BLOCK] = std::array::from_fn(|i| u8::from(matches(block[i])));
+    if ones.iter().all(|&one| one == 0) {
+        return 0;
+    }
     let mut bits = 0;
     for (k, eight) in ones.chunks_exact(8).enumerate() {
         let eight = u64::from_le_bytes(eight.try_into().expect("eight bytes"));
@@ -271,11 +274,11 @@ impl BlockScan {
         }
         let last = block.len() - 1;
         self.in_string = strings >> last & 1 == 1;
-        let mut braces = (masks.opens | masks.closes) & !strings;
+        let mut braces = masks.braces & !strings;
         while braces != 0 {
             let at = braces.trailing_zeros() as usize;
             braces &= braces - 1;
-            if masks.opens >> at & 1 == 1 {
+            if block[at] == b'{' {
                 self.depth += 1;
                 continue;
             }
