@@ -291,6 +291,8 @@ pub enum WriteOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReplaceOutcome {
     pub stored: usize,
+    /// Bytes of the items written: an item already stored as it is counts none.
+    pub written_bytes: usize,
     pub kept_newer: usize,
     /// Members of the previous generation absent from the new list.
     pub removed: usize,

@@ -120,7 +120,8 @@ const MAIN_TREE: &str = "cache";
 const QUARANTINE_TREE: &str = "quarantine";
 const CURRENT: &str = "CURRENT";
 const DB_PREFIX: &str = "db-";
-/// Bytes handed to the store between two size checks for automatic compaction: a check costs a
+/// Bytes written to the store between two size checks for automatic compaction (a relist counts
+/// only the items it wrote, not those it found stored as they are): a check costs a
 /// few `stat`s, and sled's file can outgrow the bound by about this much times its write
 /// amplification before the next check.
 const SIZE_CHECK_EVERY_BYTES: u64 = 256 << 10;
@@ -950,6 +951,12 @@ impl Store for SledStore {
             match outcome {
                 // Refused: nothing was written, nothing to flush.
                 Ok(o) if o.refused_older_than.is_some() => Ok(o),
+                // A relist mostly repeats what is stored: only what it wrote can grow the
+                // files towards the next size check.
+                Ok(o) => {
+                    let written = o.written_bytes;
+                    self.after_write(Ok(o), written, true)
+                }
                 outcome => self.after_write(outcome, bytes, true),
             }
         })

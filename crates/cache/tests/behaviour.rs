@@ -48,6 +48,7 @@ fn replace_lists_items_in_key_order_with_the_list_rv(store: &dyn Store) {
         outcome,
         ReplaceOutcome {
             stored: 3,
+            written_bytes: items.iter().map(Vec::len).sum(),
             kept_newer: 0,
             removed: 0,
             refused_older_than: None,

@@ -412,6 +412,63 @@ fn compaction_keeps_repeated_overwrites_under_the_bound() {
     );
 }
 
+/// The database directories under a cache root (`db-<n>`; compaction moves to the next).
+fn databases(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(root)
+        .expect("read root")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("db-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A relist that repeats what the store holds writes almost nothing: it must not count towards
+/// the next size check (a check walks the directory, and over the bound compacts). Over a 1-byte
+/// bound every check compacts, so the database directory tells how many checks ran.
+#[test]
+fn an_unchanged_relist_does_not_bring_the_next_size_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = SledOptions {
+        compact_above_bytes: Some(1),
+        ..SledOptions::default()
+    };
+    let store = SledStore::open(dir.path(), options).expect("open");
+    let s = scope("kubelet", &pods(), None, "", "");
+    // 40 pods of ~8 KiB: more than one size check's worth.
+    let padding = "x".repeat(8 << 10);
+    let items: Vec<Vec<u8>> = (0..40)
+        .map(|i| {
+            let mut p: serde_json::Value =
+                serde_json::from_slice(&pod("a", &format!("p{i}"), "7", "n1", &[])).expect("json");
+            p["spec"]["padding"] = padding.clone().into();
+            serde_json::to_vec(&p).expect("json")
+        })
+        .collect();
+    store
+        .replace_scope(&s, "99", &refs(&items))
+        .expect("replace");
+    let checked = databases(dir.path());
+    assert_ne!(
+        checked,
+        ["db-0"],
+        "the first list was checked and compacted"
+    );
+    for rv in ["100", "101", "102"] {
+        store.replace_scope(&s, rv, &refs(&items)).expect("relist");
+    }
+    assert_eq!(
+        databases(dir.path()),
+        checked,
+        "no check after unchanged relists"
+    );
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(
+        (list.items.len(), list.resource_version.as_str()),
+        (40, "102")
+    );
+}
+
 #[test]
 fn compaction_preserves_every_entry_and_cleans_interrupted_attempts() {
     let dir = tempfile::tempdir().expect("tempdir");

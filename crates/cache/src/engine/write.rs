@@ -343,7 +343,11 @@ impl<K: Kv> Engine<K> {
             for (i, item) in located.iter().enumerate() {
                 let key = object_key(scope, &item.id);
                 match p.upsert(&key, item).map_err(|e| in_list_item(i, e))? {
-                    Upsert::Written | Upsert::AlreadyStored => outcome.stored += 1,
+                    Upsert::Written => {
+                        outcome.stored += 1;
+                        outcome.written_bytes += item.bytes.len();
+                    }
+                    Upsert::AlreadyStored => outcome.stored += 1,
                     Upsert::KeptNewer(_) => outcome.kept_newer += 1,
                 }
                 let member = (key.namespace, key.name);
