@@ -947,18 +947,15 @@ impl Store for SledStore {
     ) -> Result<ReplaceOutcome, CacheError> {
         let bytes = items.iter().map(|i| i.len()).sum();
         self.writing(bytes, true, || {
-            let outcome = self.engine.replace_scope(scope, list_rv, items);
-            match outcome {
-                // Refused: nothing was written, nothing to flush.
-                Ok(o) if o.refused_older_than.is_some() => Ok(o),
-                // A relist mostly repeats what is stored: only what it wrote can grow the
-                // files towards the next size check.
-                Ok(o) => {
-                    let written = o.written_bytes;
-                    self.after_write(Ok(o), written, true)
-                }
-                outcome => self.after_write(outcome, bytes, true),
+            let outcome = self.engine.replace_scope(scope, list_rv, items)?;
+            // Refused: nothing was written, nothing to flush.
+            if outcome.refused_older_than.is_some() {
+                return Ok(outcome);
             }
+            // A relist mostly repeats what is stored: only what it wrote can grow the files
+            // towards the next size check.
+            let written = outcome.written_bytes;
+            self.after_write(Ok(outcome), written, true)
         })
     }
 

@@ -216,7 +216,6 @@ struct BlockScan {
 }
 
 /// One bit per byte of a block (bit `i` for byte `i`).
-#[derive(Default)]
 struct Masks {
     quotes: u64,
     backslashes: u64,
