@@ -740,6 +740,81 @@ async fn reconnect_converges_with_a_kube_rs_watcher() {
     watcher_task.abort();
 }
 
+/// kubelet relists its pods, unchanged, while elsewhere in the cluster things moved on (so the
+/// list's resourceVersion did): the cache renews the scope without reading its items. A changed
+/// pod is a list the cache replaces its scope with, and offline the node gets what the cloud
+/// listed last, at that list's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_relist_renews_the_cached_scope() {
+    let cluster = Cluster::start().await;
+    let pad = "x".repeat(2 << 10);
+    for i in 0..12 {
+        let mut pod = pod(&format!("p{i:02}"), NODE, "web");
+        pod["metadata"]["annotations"] = json!({ "pad": pad });
+        cluster.fake.create("v1/pods", pod).unwrap();
+    }
+    let hub = cluster.start_hub();
+    let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+    let lists =
+        |outcome: &str| format!(r#"outpost_cache_writes_total{{op="list",outcome="{outcome}"}}"#);
+    let applied = |text: &str| {
+        ["replaced", "renewed"]
+            .iter()
+            .filter_map(|o| sample(text, &lists(o)))
+            .sum::<f64>()
+    };
+    let mut versions = Vec::new();
+    let mut last = Value::Null;
+    for round in 0..4 {
+        if round == 3 {
+            let mut changed = cluster.fake.get("v1/pods", Some("default"), "p05").unwrap();
+            changed["metadata"]["labels"]["app"] = json!("changed");
+            cluster.fake.update("v1/pods", changed).unwrap();
+        } else {
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": format!("elsewhere-{round}"), "namespace": "default"}});
+            cluster.fake.create("v1/configmaps", cm).unwrap();
+        }
+        let list = kubelet_get(hub.proxy, &path).await;
+        assert_eq!(list.status, 200);
+        assert!(list.body.len() > 16 << 10, "large enough to be kept");
+        last = list.json();
+        versions.push(last["metadata"]["resourceVersion"].clone());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let metrics = metrics_text(&hub).await;
+            if applied(&metrics) == f64::from(round + 1) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "list {round} never applied:\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    versions.dedup();
+    assert_eq!(versions.len(), 4, "every list at a version of its own");
+    let metrics = metrics_text(&hub).await;
+    // The first list also records the pod kind, a write of its own: the second is kept.
+    assert_eq!(sample(&metrics, &lists("replaced")), Some(3.0), "{metrics}");
+    assert_eq!(sample(&metrics, &lists("renewed")), Some(1.0), "{metrics}");
+
+    cluster.fake.refuse_connections();
+    let offline = until_cached(&hub, &path).await.json();
+    assert_eq!(
+        offline["metadata"]["resourceVersion"],
+        last["metadata"]["resourceVersion"]
+    );
+    assert_eq!(names(&offline), names(&last), "what the cloud listed last");
+    let p05 = &offline["items"][5];
+    assert_eq!(
+        (&p05["metadata"]["name"], &p05["metadata"]["labels"]["app"]),
+        (&json!("p05"), &json!("changed"))
+    );
+    hub.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_killed_and_restarted_offline_serves_from_disk() {
     let cluster = cluster_with_pods(&["a", "b"]).await;

@@ -92,6 +92,18 @@ impl Store for TestStore {
         }
         self.inner.replace_scope(scope, rv, items)
     }
+    fn renew_scope(
+        &self,
+        scope: &Scope,
+        rv: &str,
+        seq: u64,
+    ) -> Result<Option<ReplaceOutcome>, CacheError> {
+        self.pass();
+        if self.slow_lists {
+            std::thread::sleep(WRITE_DELAY);
+        }
+        self.inner.renew_scope(scope, rv, seq)
+    }
     fn apply_events(
         &self,
         scope: &Scope,

@@ -90,6 +90,32 @@ pub(crate) fn resource_prefix(tag: u8, component: &str, gvr: &Gvr) -> Vec<u8> {
     buf
 }
 
+/// The resource (component and GVR, as encoded) that a key of an object, pin, membership or
+/// watch-log entry belongs to: what [`crate::Store::renew_scope`] checks for writes since.
+/// `None` for scope records and documents, which hold no item.
+pub(crate) fn item_resource(key: &[u8]) -> Option<&[u8]> {
+    let (&tag, rest) = key.split_first()?;
+    if ![OBJECT, PIN, MEMBER, EVENT].contains(&tag) {
+        return None;
+    }
+    let mut ends = 0;
+    let mut i = 0;
+    while i + 1 < rest.len() {
+        if rest[i] != ESCAPE {
+            i += 1;
+            continue;
+        }
+        if rest[i + 1] == TERMINATOR {
+            ends += 1;
+            if ends == 4 {
+                return Some(&rest[..i + 2]);
+            }
+        }
+        i += 2;
+    }
+    None
+}
+
 /// Key of an object (`OBJECT`) or of its pin (`PIN`).
 pub(crate) fn object_key(tag: u8, key: &ObjectKey) -> Vec<u8> {
     let mut buf = resource_prefix(tag, &key.component, &key.gvr);
@@ -224,6 +250,31 @@ mod tests {
         fn object_keys_round_trip(ns in "\\PC*", name in ".*", component in "[\\x00-\\x02a/]*") {
             let k = ObjectKey::new(&component, &Gvr::new("g\0", "v1", "r"), &ns, &name);
             prop_assert_eq!(decode_object_key(&object_key(OBJECT, &k)), Some(k));
+        }
+
+        #[test]
+        fn an_item_key_names_its_resource(ns in "\\PC*", name in ".*", component in "[\\x00-\\x02a/]*") {
+            let gvr = Gvr::new("g\0", "v1", "r");
+            let k = ObjectKey::new(&component, &gvr, &ns, &name);
+            let resource = resource_prefix(OBJECT, &component, &gvr);
+            let scope = ScopeId {
+                component: component.clone(),
+                gvr: gvr.clone(),
+                namespace: Some(ns.clone()),
+                label_selector: name.clone(),
+                field_selector: String::new(),
+            };
+            let items = [
+                object_key(OBJECT, &k),
+                object_key(PIN, &k),
+                member_key(&scope, &ns, &name),
+                event_key(&scope, 7),
+            ];
+            for key in &items {
+                prop_assert_eq!(item_resource(key), Some(&resource[1..]));
+            }
+            let record = scope_key(SCOPE, &scope);
+            prop_assert_eq!(item_resource(&record), None);
         }
 
         #[test]

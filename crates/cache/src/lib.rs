@@ -73,6 +73,21 @@ pub trait Store: Send + Sync {
         items: &[&[u8]],
     ) -> Result<ReplaceOutcome, CacheError>;
 
+    /// What [`Store::replace_scope`] does with a list whose every byte but its `metadata`'s
+    /// repeats the one that last replaced the scope: `seq` is [`Store::write_seq`] as that
+    /// replace left it. While no object, pin, membership or watch log of the scope's resource
+    /// (its component and GVR) has been written since, the items are stored as they are, so
+    /// only the scope's RV (never back: [`ReplaceOutcome::refused_older_than`]) and its watch
+    /// log move on, without reading an item (a bookmark since only moved the RV). `None`:
+    /// something was written since (or the database switched, or the scope is gone), and the
+    /// caller replaces the scope instead.
+    fn renew_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        seq: u64,
+    ) -> Result<Option<ReplaceOutcome>, CacheError>;
+
     /// Applies one watch event of the stream that followed the scope's LIST, in order. See
     /// `engine::write` for the rules (older versions never win; DELETED removes the object from
     /// the component's cache; BOOKMARK only advances the scope's RV).

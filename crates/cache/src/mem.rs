@@ -64,6 +64,15 @@ impl Store for MemStore {
         self.engine.replace_scope(scope, list_rv, items)
     }
 
+    fn renew_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        seq: u64,
+    ) -> Result<Option<ReplaceOutcome>, CacheError> {
+        self.engine.renew_scope(scope, list_rv, seq)
+    }
+
     fn apply_events(
         &self,
         scope: &Scope,

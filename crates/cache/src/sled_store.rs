@@ -768,6 +768,7 @@ impl SledStore {
         let aside = move_aside(&self.root, &[&kv.name])?;
         write_current(&self.root, &name)?;
         let old = std::mem::replace(kv, new);
+        self.engine.switched();
         let_go(old);
         self.engine.missed().clear_all()?;
         warn!(error = %cause, moved_to = %aside.display(), "the edge cache database failed; moved aside (kept for inspection) and started afresh, to be refilled from the cloud");
@@ -908,7 +909,7 @@ impl SledStore {
         };
         let old = std::mem::replace(kv, new);
         // Same entries, other buffers: answers kept from the old database are let go.
-        self.engine.note_write();
+        self.engine.switched();
         let old_dir = old.root.join(&old.name);
         let_go(old);
         if let Err(e) = fs::remove_dir_all(&old_dir) {
@@ -956,6 +957,24 @@ impl Store for SledStore {
             // towards the next size check.
             let written = outcome.written_bytes;
             self.after_write(Ok(outcome), written, true)
+        })
+    }
+
+    fn renew_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        seq: u64,
+    ) -> Result<Option<ReplaceOutcome>, CacheError> {
+        self.writing(0, true, || {
+            let renewed = self.engine.renew_scope(scope, list_rv, seq)?;
+            match renewed {
+                Some(outcome) if outcome.refused_older_than.is_none() => {
+                    self.after_write(Ok(Some(outcome)), 0, true)
+                }
+                // Nothing was written, nothing to flush.
+                other => Ok(other),
+            }
         })
     }
 

@@ -1107,6 +1107,82 @@ fn a_slow_list_never_rolls_the_scope_back(store: &dyn Store) {
     assert_eq!(names(store, &s), ["p4"]);
 }
 
+/// A list that repeats the last one renews its scope from the write sequence that replace left,
+/// while no item of the scope's resource has been written since; after such a write the caller
+/// must replace the scope. A bookmark, or a write to another resource, changes no item.
+fn a_repeated_list_renews_its_scope_only_while_its_items_are_unchanged(store: &dyn Store) {
+    let s = scope("kubelet", &pods(), None, "", "spec.nodeName=n1");
+    let items = [
+        pod("a", "p1", "10", "n1", &[]),
+        pod("a", "p2", "11", "n1", &[]),
+    ];
+    store.replace_scope(&s, "20", &refs(&items)).expect("list");
+    let seq = store.write_seq();
+    let renewed = store.renew_scope(&s, "25", seq).expect("renew");
+    assert_eq!(renewed.map(|o| o.refused_older_than), Some(None));
+    assert_eq!(store.write_seq(), seq + 1, "one commit");
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "25");
+    assert_eq!(names(store, &s), ["p1", "p2"]);
+    assert!(
+        matches!(store.events_since(&s, "20"), Err(ReplayError::TooOld(_))),
+        "the log restarts at the renewed version, as after a replace"
+    );
+    assert!(store.events_since(&s, "25").expect("replayable").is_empty());
+
+    // Older than the scope: refused, nothing written.
+    let older = store.renew_scope(&s, "22", seq).expect("renew");
+    assert_eq!(
+        older
+            .and_then(|o| o.refused_older_than)
+            .map(|rv| rv.to_string()),
+        Some("25".into())
+    );
+    assert_eq!(store.write_seq(), seq + 1);
+
+    // An event commits: the same sequence no longer renews, and nothing is written.
+    store
+        .apply_event(&s, EventType::Deleted, &pod("a", "p2", "26", "n1", &[]))
+        .expect("event");
+    let after_event = store.write_seq();
+    assert_eq!(store.renew_scope(&s, "27", seq).expect("renew"), None);
+    assert_eq!(store.write_seq(), after_event);
+    assert_eq!(names(store, &s), ["p1"], "the event's state stays");
+
+    // A bookmark and another resource's writes leave the items as they were.
+    store.replace_scope(&s, "27", &refs(&items)).expect("list");
+    let seq = store.write_seq();
+    store
+        .apply_event(&s, EventType::Bookmark, &bookmark("30"))
+        .expect("bookmark");
+    let nodes = Gvr::new("", "v1", "nodes");
+    store
+        .put_object("kubelet", &nodes, &pod("", "n1", "5", "n1", &[]))
+        .expect("a node");
+    let older = store.renew_scope(&s, "29", seq).expect("renew");
+    assert_eq!(
+        older
+            .and_then(|o| o.refused_older_than)
+            .map(|rv| rv.to_string()),
+        Some("30".into()),
+        "the bookmark's version is the scope's"
+    );
+    let renewed = store.renew_scope(&s, "31", seq).expect("renew");
+    assert_eq!(renewed.map(|o| o.refused_older_than), Some(None));
+    assert_eq!(names(store, &s), ["p1", "p2"]);
+    // Any object of the resource written since: replace.
+    store
+        .put_object("kubelet", &pods(), &pod("b", "other", "3", "n2", &[]))
+        .expect("GET elsewhere");
+    assert_eq!(store.renew_scope(&s, "32", seq).expect("renew"), None);
+    let unlisted = scope("kubelet", &pods(), Some("b"), "", "");
+    let now = store.write_seq();
+    assert_eq!(
+        store.renew_scope(&unlisted, "28", now).expect("renew"),
+        None
+    );
+}
+
 /// A scope marked as having missed events is reported by every read until the mark is cleared.
 fn a_scope_that_missed_events_is_reported_until_cleared(store: &dyn Store) {
     let s = scope("kubelet", &pods(), None, "", "");
@@ -1164,6 +1240,7 @@ fn sled_store(dir: &std::path::Path) -> SledStore {
 suite!(
     replace_lists_items_in_key_order_with_the_list_rv,
     a_slow_list_never_rolls_the_scope_back,
+    a_repeated_list_renews_its_scope_only_while_its_items_are_unchanged,
     a_scope_that_missed_events_is_reported_until_cleared,
     bytes_are_stored_verbatim,
     a_relist_drops_missing_members_but_not_pinned_objects,

@@ -780,3 +780,20 @@ fn under_the_free_space_floor_writes_are_refused() {
     );
     assert_eq!(store.get(&key("a", "p2")).expect("get"), Lookup::NotCached);
 }
+
+/// A scope is never renewed across a switch to another database: a fresh one after a failed
+/// write holds only what could be copied, so what the list left may be gone.
+#[test]
+fn no_scope_is_renewed_across_a_switch_of_database() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(dir.path());
+    let s = scope("kubelet", &pods(), None, "", "");
+    let items = [pod("a", "p1", "7", "n1", &[])];
+    store.replace_scope(&s, "10", &refs(&items)).expect("list");
+    let seq = store.write_seq();
+    assert!(store.renew_scope(&s, "11", seq).expect("renew").is_some());
+    store.compact().expect("compact");
+    assert_eq!(store.renew_scope(&s, "12", seq).expect("renew"), None);
+    let list = store.list(&s).expect("list").expect("cached");
+    assert_eq!(list.resource_version.as_str(), "11");
+}

@@ -17,7 +17,7 @@ pub(crate) mod missed;
 pub(crate) mod read;
 pub(crate) mod write;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
@@ -58,6 +58,12 @@ pub(crate) struct Engine<K> {
     max_events: usize,
     /// Bumped by every commit (see [`crate::Store::write_seq`]).
     writes: AtomicU64,
+    /// Per resource ([`keys::item_resource`]), the write sequence of the last commit that
+    /// changed any of its objects, pins, memberships or watch logs; and the sequence of the last
+    /// switch to another database. What a scope's renewal is checked against
+    /// ([`Engine::items_unchanged_since`]).
+    item_writes: Mutex<HashMap<Vec<u8>, u64>>,
+    switched_at: AtomicU64,
 }
 
 /// Store calls in progress, each with the time (ms since the epoch) it started or last made
@@ -108,6 +114,8 @@ impl<K: Kv> Engine<K> {
             missed,
             max_events,
             writes: AtomicU64::new(0),
+            item_writes: Mutex::new(HashMap::new()),
+            switched_at: AtomicU64::new(0),
         }
     }
 
@@ -195,7 +203,28 @@ impl<K: Kv> Engine<K> {
         self.damaged.store(false, Ordering::Release);
         self.quarantined
             .store(self.read_kv().quarantine_len() as u64, Ordering::Relaxed);
-        self.note_write();
+        self.switched();
+    }
+
+    /// The live database was swapped for another (a compaction's copy, a fresh one): no scope
+    /// can be renewed from a state noted before. Called with the write lock held, so that no
+    /// renewal can check in between the swap and this.
+    pub(crate) fn switched(&self) {
+        let seq = self.note_write();
+        self.switched_at.store(seq, Ordering::Release);
+    }
+
+    /// Whether no item of `scope`'s resource has been written since the write sequence was
+    /// `seq` (nor the database switched): the scope's items are still as they were then.
+    pub(crate) fn items_unchanged_since(&self, resource: &[u8], seq: u64) -> bool {
+        if self.switched_at.load(Ordering::Acquire) > seq {
+            return false;
+        }
+        let writes = self
+            .item_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        writes.get(resource).is_none_or(|at| *at <= seq)
     }
 
     pub(crate) fn missed(&self) -> &MissedScopes {
@@ -221,10 +250,12 @@ impl<K: Kv> Engine<K> {
         if batch.is_empty() {
             return Ok(out);
         }
+        let touched = touched_resources(&batch);
         let result = kv.commit(batch);
         // Under the write lock, so a reader that notes the number before taking the read lock
         // can only see it move on from what it read.
-        self.note_write();
+        let seq = self.note_write();
+        self.note_item_writes(touched, seq);
         drop(kv);
         self.observe(result.map(|()| out))
     }
@@ -271,9 +302,22 @@ impl<K: Kv> Engine<K> {
         Ok(moved)
     }
 
-    /// Counts a change to the keyspace (a commit, a compaction's switch).
-    pub(crate) fn note_write(&self) {
-        self.writes.fetch_add(1, Ordering::Release);
+    /// Counts a change to the keyspace (a commit, a compaction's switch); the new sequence.
+    pub(crate) fn note_write(&self) -> u64 {
+        self.writes.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    fn note_item_writes(&self, resources: BTreeSet<Vec<u8>>, seq: u64) {
+        if resources.is_empty() {
+            return;
+        }
+        let mut writes = self
+            .item_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for resource in resources {
+            writes.insert(resource, seq);
+        }
     }
 
     pub(crate) fn write_seq(&self) -> u64 {
@@ -283,4 +327,18 @@ impl<K: Kv> Engine<K> {
     pub(crate) fn max_events(&self) -> usize {
         self.max_events
     }
+}
+
+/// The resources whose items (objects, pins, memberships, watch logs) `batch` writes.
+fn touched_resources(batch: &WriteBatch) -> BTreeSet<Vec<u8>> {
+    let quarantined = batch.quarantine.iter().map(|(key, _)| key);
+    let mut touched = BTreeSet::new();
+    for key in batch.main.keys().chain(quarantined) {
+        if let Some(resource) = keys::item_resource(key)
+            && !touched.contains(resource)
+        {
+            touched.insert(resource.to_vec());
+        }
+    }
+    touched
 }

@@ -235,6 +235,20 @@ impl<'a, K: Kv> Planner<'a, K> {
     }
 }
 
+/// A scope's record after a LIST at `list_rv`: a new generation whose log starts empty there.
+fn relisted_meta(old: Option<ScopeMeta>, list_rv: &str, now_ms: u64) -> ScopeMeta {
+    // Sequence numbers keep counting across relists so no event key is ever reused.
+    let next = old.as_ref().map_or(0, |m| m.log_next);
+    ScopeMeta {
+        rv: list_rv.to_owned(),
+        generation: old.map_or(1, |m| m.generation + 1),
+        updated_ms: now_ms,
+        log_first: next,
+        log_next: next,
+        log_floor_rv: list_rv.to_owned(),
+    }
+}
+
 /// Moves the scope's version forward (never back, never to an empty string).
 fn advance(meta: &mut ScopeMeta, rv: &ResourceVersion, now_ms: u64) {
     if !rv.as_str().is_empty() && !rv.is_older_than(&ResourceVersion::new(&meta.rv)) {
@@ -362,18 +376,44 @@ impl<K: Kv> Engine<K> {
                 outcome.removed += 1;
             }
             p.clear_log(&id)?;
-            // Sequence numbers keep counting across relists so no event key is ever reused.
-            let next = old_meta.as_ref().map_or(0, |m| m.log_next);
-            let meta = ScopeMeta {
-                rv: list_rv.to_owned(),
-                generation: old_meta.map_or(1, |m| m.generation + 1),
-                updated_ms: p.now_ms,
-                log_first: next,
-                log_next: next,
-                log_floor_rv: list_rv.to_owned(),
-            };
+            let meta = relisted_meta(old_meta, list_rv, p.now_ms);
             p.put_scope(&id, &meta);
             Ok((p.batch, outcome))
+        })
+    }
+
+    /// See [`crate::Store::renew_scope`]: what `replace_scope` writes for a list whose items
+    /// the scope holds as they are, no item of its resource written since `seq` (checked under
+    /// the write lock, so nothing can commit in between): the scope's version, generation and
+    /// log. A bookmark since then only moved the scope's version, which this checks as
+    /// `replace_scope` does.
+    pub(crate) fn renew_scope(
+        &self,
+        scope: &Scope,
+        list_rv: &str,
+        seq: u64,
+    ) -> Result<Option<ReplaceOutcome>, CacheError> {
+        let id = scope.id();
+        self.write(|kv| {
+            let mut p = Planner::new(kv, self.max_events());
+            let resource = keys::resource_prefix(SCOPE, &scope.component, &scope.gvr);
+            if !self.items_unchanged_since(&resource[1..], seq) {
+                return Ok((p.batch, None));
+            }
+            let Some(old_meta) = p.scope_meta(&id)? else {
+                return Ok((p.batch, None));
+            };
+            let mut outcome = ReplaceOutcome::default();
+            let held = ResourceVersion::new(&old_meta.rv);
+            if ResourceVersion::new(list_rv).is_older_than(&held) {
+                outcome.refused_older_than = Some(held);
+                return Ok((p.batch, Some(outcome)));
+            }
+            // Empty, unless the scope's own watch logged an event: then `seq` is stale.
+            p.clear_log(&id)?;
+            let meta = relisted_meta(Some(old_meta), list_rv, p.now_ms);
+            p.put_scope(&id, &meta);
+            Ok((p.batch, Some(outcome)))
         })
     }
 

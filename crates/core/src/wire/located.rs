@@ -10,6 +10,7 @@
 //! read of the odd item fails.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -24,6 +25,26 @@ pub struct LocatedList<'a> {
     pub metadata: ListMeta,
     /// Each item's bytes, `{` to `}`: located, **not validated** (empty when absent or `null`).
     pub items: Vec<&'a [u8]>,
+}
+
+/// A list body read up to its `items` key, as kube-apiserver writes it (`kind`, `apiVersion`,
+/// `metadata`, then `items`): for a cache to tell a relist that repeats the last one by comparing
+/// its bytes, all but `metadata`'s, with the last one's, before it locates a single item.
+#[derive(Debug)]
+pub struct ListHead<'a> {
+    pub kind: Cow<'a, str>,
+    pub api_version: Cow<'a, str>,
+    pub metadata: ListMeta,
+    /// Where `metadata`'s value lies in the body.
+    pub metadata_at: Range<usize>,
+}
+
+impl<'a> ListHead<'a> {
+    /// The head of `body`, or `None` when `items` does not follow `kind`, `apiVersion` and
+    /// `metadata` (then only [`LocatedList::parse`] can tell). What follows `items` is not read.
+    pub fn parse(body: &'a [u8]) -> Result<Option<ListHead<'a>>, LocateError> {
+        Cursor { body, at: 0 }.head()
+    }
 }
 
 /// Why a body is not a list.
@@ -85,6 +106,52 @@ impl<'a> Cursor<'a> {
             if !self.next_is(b',') {
                 self.expect(b'}', "expected `,` or `}`")?;
                 return Ok(list);
+            }
+        }
+    }
+
+    /// The keys before `items`, read as [`Cursor::list`] reads them.
+    fn head(&mut self) -> Result<Option<ListHead<'a>>, LocateError> {
+        let (mut kind, mut api_version, mut metadata) = (None, None, None);
+        let mut seen = Seen::default();
+        self.expect(b'{', "expected a JSON object")?;
+        if self.next_is(b'}') {
+            return Ok(None);
+        }
+        loop {
+            let key: Cow<'a, str> = self.value()?;
+            self.expect(b':', "expected `:`")?;
+            match key.as_ref() {
+                "kind" => kind = once(&mut seen.kind, "kind", self.value())?,
+                "apiVersion" => {
+                    api_version = once(&mut seen.api_version, "apiVersion", self.value())?;
+                }
+                "metadata" => {
+                    self.skip_whitespace();
+                    let start = self.at;
+                    let meta = once(&mut seen.metadata, "metadata", self.value())?;
+                    metadata = Some((meta, start..self.at));
+                }
+                "items" => {
+                    let (Some(kind), Some(api_version), Some((metadata, metadata_at))) =
+                        (kind, api_version, metadata)
+                    else {
+                        return Ok(None);
+                    };
+                    return Ok(Some(ListHead {
+                        kind,
+                        api_version,
+                        metadata,
+                        metadata_at,
+                    }));
+                }
+                _ => {
+                    self.value::<IgnoredAny>()?;
+                }
+            }
+            if !self.next_is(b',') {
+                self.expect(b'}', "expected `,` or `}`")?;
+                return Ok(None);
             }
         }
     }
@@ -400,6 +467,35 @@ mod tests {
         }
 
         #[test]
+        fn a_head_reads_as_the_whole_list_reads(body in any_list()) {
+            let whole = LocatedList::parse(body.as_bytes()).unwrap();
+            if let Some(head) = ListHead::parse(body.as_bytes()).unwrap() {
+                prop_assert_eq!(Some(head.kind), whole.kind);
+                prop_assert_eq!(Some(head.api_version), whole.api_version);
+                prop_assert_eq!(&head.metadata, &whole.metadata);
+                let span: ListMeta = serde_json::from_slice(&body.as_bytes()[head.metadata_at]).unwrap();
+                prop_assert_eq!(span, whole.metadata);
+            }
+        }
+
+        #[test]
+        fn the_head_of_a_list_as_kube_apiserver_writes_it_is_read(
+            items in prop::collection::vec(any_item(), 0..4),
+            rv in "[0-9]{1,6}",
+        ) {
+            let items = Value::Array(items);
+            let body = format!(
+                r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"}},"items":{items}}}"#
+            );
+            let head = ListHead::parse(body.as_bytes()).unwrap().expect("a head");
+            prop_assert_eq!(head.metadata.resource_version, rv.clone());
+            prop_assert_eq!(
+                &body[head.metadata_at],
+                format!(r#"{{"resourceVersion":"{rv}"}}"#)
+            );
+        }
+
+        #[test]
         fn no_cut_of_a_list_splits(body in any_list(), cut in any::<prop::sample::Index>()) {
             let cut = cut.index(body.len());
             prop_assert!(LocatedList::parse(&body.as_bytes()[..cut]).is_err(), "{}", &body[..cut]);
@@ -431,6 +527,35 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn a_head_is_only_what_comes_before_items() {
+        for body in [
+            r#"{"items":[],"kind":"PodList","apiVersion":"v1","metadata":{}}"#,
+            r#"{"kind":"PodList","apiVersion":"v1","items":[],"metadata":{}}"#,
+            r#"{"kind":"PodList","metadata":{},"items":[]}"#,
+            r#"{"kind":"PodList","apiVersion":"v1","metadata":{}}"#,
+            r#"{}"#,
+        ] {
+            assert!(
+                ListHead::parse(body.as_bytes()).unwrap().is_none(),
+                "{body}"
+            );
+        }
+        for body in [
+            "",
+            r#"{"kind":"PodList","kind":"PodList"}"#,
+            r#"{"kind":"PodList" "apiVersion":"v1"}"#,
+            r#"{"metadata":{"resourceVersion":7},"items":[]}"#,
+        ] {
+            assert!(ListHead::parse(body.as_bytes()).is_err(), "{body}");
+        }
+        let head = ListHead::parse(br#"{ "kind" : "PodList", "x":[1], "apiVersion":"v1", "metadata": {"resourceVersion":"3"} , "items": not read"#)
+            .unwrap()
+            .expect("a head");
+        assert_eq!((&*head.kind, &*head.api_version), ("PodList", "v1"));
+        assert_eq!(head.metadata.resource_version, "3");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - [`watch`]: a watch stream's event lines ([`WatchEvent`], [`EventType`], [`event_line`],
 //!   [`bookmark_line`]), framed by [`LineFramer`] ([`framing`]).
 //! - [`list`]: list bodies ([`List`], [`ListMeta`], [`list_head`] / [`list_chunks`]);
-//!   [`located`]: the same with items found but not read ([`LocatedList`], for the cache).
+//!   [`located`]: the same with items found but not read ([`LocatedList`], for the cache), and
+//!   a list's head alone ([`ListHead`]).
 //! - [`object`]: an object's head ([`ObjectHead`]: kind, apiVersion and identity;
 //!   [`ObjectMeta::peek`] reads the identity alone, stopping early).
 //!
@@ -36,7 +37,7 @@ use serde_json::Value;
 pub use convert::{FieldError, Problem};
 pub use framing::LineFramer;
 pub use list::{LIST_END, List, ListMeta, list_chunks, list_head};
-pub use located::{LocateError, LocatedList};
+pub use located::{ListHead, LocateError, LocatedList};
 pub use object::{ObjectHead, ObjectMeta, PeekError};
 pub use protobuf::ProtobufError;
 pub use watch::{

@@ -21,6 +21,7 @@ pub mod offline;
 pub mod overlay;
 pub mod policy;
 pub mod reads;
+pub mod relisted;
 pub mod tee;
 pub mod watch;
 pub mod writer;

@@ -24,13 +24,14 @@ use bytes::Bytes;
 use outpost_cache::{
     CacheError, EventType, Gvr, ObjectKey, ReplaceOutcome, Scope, ScopeId, Store, WriteOutcome,
 };
-use outpost_core::wire::{EventError, LocatedList, ObjectHead, WatchEvent};
+use outpost_core::wire::{EventError, ListHead, LocatedList, ObjectHead, WatchEvent};
 use serde_json::value::RawValue;
 use tracing::{debug, info, warn};
 
 use super::confirmed::Confirmed;
 use super::kinds::{self, KindCheck, KindInfo, TypeMetaHead};
 use super::offline;
+use super::relisted::Relisted;
 use crate::metrics::Metrics;
 
 /// Operations queued between a tee and the writer thread.
@@ -543,6 +544,7 @@ fn run(
 ) {
     let store = shared.store.as_ref();
     let mut known_kinds: HashMap<Gvr, KindInfo> = HashMap::new();
+    let mut relisted = Relisted::default();
     let mut next: Option<Entry> = None;
     let mut busy = false;
     loop {
@@ -580,6 +582,7 @@ fn run(
             &mut known_kinds,
             shared.max_object_bytes,
             &shared.confirmed,
+            &mut relisted,
         );
         if let Some(scope) = &scope {
             after_scope_op(shared, metrics, label, scope, ticket, &outcomes);
@@ -652,7 +655,7 @@ fn after_scope_op(
         shared.mark(metrics, &scope.id(), since, why);
         return;
     }
-    let relisted = label != "event" && matches!(outcomes, [Ok("replaced")]);
+    let relisted = label != "event" && matches!(outcomes, [Ok("replaced" | "renewed")]);
     if relisted {
         shared.relisted(metrics, &scope.id(), ticket);
     }
@@ -823,13 +826,14 @@ fn apply(
     kinds: &mut HashMap<Gvr, KindInfo>,
     max_object: usize,
     confirmed: &Confirmed,
+    relisted: &mut Relisted,
 ) -> Vec<Applied> {
     let applied = match op {
         CacheOp::Object { key, body } => apply_get(store, key, body.joined(), kinds, confirmed),
         CacheOp::Written { key, body } => apply_written(store, key, &body.joined(), kinds),
         CacheOp::Gone { key } => apply_gone(store, &key),
         CacheOp::List { scope, body } => {
-            apply_list(store, &scope, &body.joined(), kinds, max_object)
+            apply_list(store, &scope, body.joined(), kinds, max_object, relisted)
         }
         CacheOp::InitialEvents { scope, lines } => {
             apply_streamed_list(store, &scope, &lines, kinds, max_object)
@@ -965,7 +969,68 @@ fn apply_object(
     )?))
 }
 
+/// A LIST's answer: the scope renewed when the list repeats the one that last replaced it and
+/// nothing was committed since ([`Relisted`]); replaced otherwise.
 fn apply_list(
+    store: &dyn Store,
+    scope: &Scope,
+    body: Bytes,
+    kinds: &mut HashMap<Gvr, KindInfo>,
+    max_object: usize,
+    relisted: &mut Relisted,
+) -> Applied {
+    let id = scope.id();
+    // A body whose head does not read is refused by the whole read below, with its reason.
+    let head = ListHead::parse(&body).ok().flatten();
+    if let Some(head) = &head
+        && let Some(renewed) = renew_list(store, scope, head, &body, relisted)?
+    {
+        return Ok(renewed);
+    }
+    relisted.forget(&id);
+    let seq = store.write_seq();
+    let applied = replace_list(store, scope, &body, kinds, max_object)?;
+    // Kept only when the replace's was the one commit since: then `seq + 1` is the state
+    // the list left, and a commit by anyone else moves the sequence past it.
+    if applied == "replaced"
+        && store.write_seq() == seq + 1
+        && let Some(head) = head
+    {
+        relisted.remember(id, seq + 1, body.clone(), head.metadata_at);
+    }
+    Ok(applied)
+}
+
+/// `renewed` (or `older_than_cached`) when `body` repeats the list kept for `scope` and the store
+/// renewed the scope from it; `None` when the list must replace the scope instead.
+fn renew_list(
+    store: &dyn Store,
+    scope: &Scope,
+    head: &ListHead<'_>,
+    body: &[u8],
+    relisted: &Relisted,
+) -> Result<Option<&'static str>, ApplyError> {
+    let id = scope.id();
+    let meta = &head.metadata;
+    if !meta.continue_token.is_empty() || meta.resource_version.is_empty() {
+        return Ok(None);
+    }
+    let Some(seq) = relisted.repeated(&id, body, &head.metadata_at) else {
+        return Ok(None);
+    };
+    let Some(outcome) = store.renew_scope(scope, &meta.resource_version, seq)? else {
+        return Ok(None);
+    };
+    Ok(Some(replaced_label(
+        scope,
+        &meta.resource_version,
+        &outcome,
+        "renewed",
+    )))
+}
+
+/// Replaces `scope` with the list in `body`.
+fn replace_list(
     store: &dyn Store,
     scope: &Scope,
     body: &[u8],
@@ -1023,14 +1088,20 @@ fn apply_list(
         scope,
         &list.metadata.resource_version,
         &outcome,
+        "replaced",
     ))
 }
 
-/// `replaced`, or `older_than_cached` (logged once per list) when the scope already held a
-/// newer state than the list's and kept it (see `outpost_cache::Store::replace_scope`).
-fn replaced_label(scope: &Scope, list_rv: &str, outcome: &ReplaceOutcome) -> &'static str {
+/// `done`, or `older_than_cached` (logged once per list) when the scope already held a newer
+/// state than the list's and kept it (see `outpost_cache::Store::replace_scope`).
+fn replaced_label(
+    scope: &Scope,
+    list_rv: &str,
+    outcome: &ReplaceOutcome,
+    done: &'static str,
+) -> &'static str {
     match &outcome.refused_older_than {
-        None => "replaced",
+        None => done,
         Some(held) => {
             warn!(scope = %scope.id(), list_rv, cached_rv = %held, "a LIST older than the cached scope was not cached (another watch of the scope had moved it on)");
             "older_than_cached"
@@ -1081,7 +1152,12 @@ fn apply_streamed_list(
     if let Some(kind) = kind {
         remember_kind(store, &scope.gvr, kind, kinds)?;
     }
-    Ok(replaced_label(scope, &resource_version, &outcome))
+    Ok(replaced_label(
+        scope,
+        &resource_version,
+        &outcome,
+        "replaced",
+    ))
 }
 
 /// A watch event's object must be of the watched resource (see [`kinds::check_kind`]).
@@ -1210,8 +1286,18 @@ mod tests {
     fn apply_all(store: &dyn Store, ops: Vec<CacheOp>) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         let confirmed = Confirmed::default();
+        let mut relisted = Relisted::default();
         ops.into_iter()
-            .flat_map(|op| apply(store, op, &mut kinds, DEFAULT_MAX_OBJECT_BYTES, &confirmed))
+            .flat_map(|op| {
+                apply(
+                    store,
+                    op,
+                    &mut kinds,
+                    DEFAULT_MAX_OBJECT_BYTES,
+                    &confirmed,
+                    &mut relisted,
+                )
+            })
             .map(label_of)
             .collect()
     }
@@ -1371,6 +1457,122 @@ mod tests {
             (list.items.len(), list.resource_version.as_str()),
             (1, "10")
         );
+    }
+
+    /// A pod list as kube-apiserver writes it, at `rv`, of pods each padded to 2 KB (so that the
+    /// list is large enough to be kept for a repeat).
+    fn padded_list(rv: &str, pods: &[(&str, &str)]) -> CacheOp {
+        let pad = "x".repeat(2048);
+        let items: Vec<String> = pods
+            .iter()
+            .map(|(name, pod_rv)| {
+                format!(
+                    r#"{{"metadata":{{"name":"{name}","namespace":"d","resourceVersion":"{pod_rv}","uid":"u-{name}"}},"spec":{{"pad":"{pad}"}}}}"#
+                )
+            })
+            .collect();
+        CacheOp::List {
+            scope: scope(),
+            body: Bytes::from(format!(
+                r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"}},"items":[{}]}}"#,
+                items.join(",")
+            ))
+            .into(),
+        }
+    }
+
+    fn names_and_rv(store: &dyn Store) -> (Vec<String>, String) {
+        let list = store.list(&scope()).unwrap().expect("cached");
+        let names = list
+            .items
+            .iter()
+            .map(|o| {
+                let v: Value = serde_json::from_slice(&o.bytes).unwrap();
+                v["metadata"]["name"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        (names, list.resource_version.as_str().to_owned())
+    }
+
+    const PODS: [(&str, &str); 10] = [
+        ("p0", "1"),
+        ("p1", "2"),
+        ("p2", "3"),
+        ("p3", "4"),
+        ("p4", "5"),
+        ("p5", "6"),
+        ("p6", "7"),
+        ("p7", "8"),
+        ("p8", "9"),
+        ("p9", "10"),
+    ];
+
+    /// An informer's relist of an unchanged scope: the items repeat byte for byte, only the
+    /// list's version moved on (and its watch saw bookmarks alone). The scope is renewed, and
+    /// answers as a replace would have left it.
+    /// (The first list of a resource also records its kind, a commit of its own after the
+    /// replace's: the list after it replaces the scope once more.)
+    #[test]
+    fn a_list_repeating_the_last_one_renews_the_scope() {
+        let store = MemStore::new();
+        let outcomes = apply_all(
+            &store,
+            vec![
+                padded_list("20", &PODS),
+                padded_list("28", &PODS),
+                CacheOp::Events {
+                    scope: scope(),
+                    lines: vec![Bytes::from(
+                        r#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"29"}}}"#,
+                    )],
+                },
+                padded_list("30", &PODS),
+                padded_list("25", &PODS),
+                padded_list("31", &PODS[1..]),
+            ],
+        );
+        assert_eq!(
+            outcomes,
+            [
+                "replaced",
+                "replaced",
+                "bookmarked",
+                "renewed",
+                "older_than_cached",
+                "replaced"
+            ]
+        );
+        let (names, rv) = names_and_rv(&store);
+        assert_eq!(
+            (names.len(), names[0].as_str(), rv.as_str()),
+            (9, "p1", "31")
+        );
+    }
+
+    /// Anything committed between two lists (here the scope's own watch deleting a pod) means
+    /// the store no longer holds what the last list left: the repeat must replace the scope, or
+    /// the cache would answer with a list the cloud never sent.
+    #[test]
+    fn a_repeated_list_after_a_commit_replaces_the_scope() {
+        let store = MemStore::new();
+        let deleted = Bytes::from(
+            r#"{"type":"DELETED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p9","namespace":"d","resourceVersion":"21","uid":"u-p9"}}}"#,
+        );
+        let outcomes = apply_all(
+            &store,
+            vec![
+                padded_list("19", &PODS),
+                padded_list("20", &PODS),
+                CacheOp::Events {
+                    scope: scope(),
+                    lines: vec![deleted],
+                },
+                padded_list("22", &PODS),
+            ],
+        );
+        assert_eq!(outcomes, ["replaced", "replaced", "deleted", "replaced"]);
+        let (names, rv) = names_and_rv(&store);
+        assert_eq!((names.len(), rv.as_str()), (10, "22"), "{names:?}");
     }
 
     #[test]
