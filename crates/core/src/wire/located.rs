@@ -10,7 +10,7 @@
 //! read of the odd item fails.
 
 use std::borrow::Cow;
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -85,73 +85,80 @@ impl<'a> Cursor<'a> {
     fn list(&mut self) -> Result<LocatedList<'a>, LocateError> {
         let mut list = LocatedList::default();
         let mut seen = Seen::default();
-        self.expect(b'{', "expected a JSON object")?;
-        if self.next_is(b'}') {
-            return Ok(list);
-        }
-        loop {
-            let key: Cow<'a, str> = self.value()?;
-            self.expect(b':', "expected `:`")?;
+        self.keys(|cursor, key| {
             match key.as_ref() {
-                "kind" => list.kind = once(&mut seen.kind, "kind", self.value())?,
+                "kind" => list.kind = once(&mut seen.kind, "kind", cursor.value())?,
                 "apiVersion" => {
-                    list.api_version = once(&mut seen.api_version, "apiVersion", self.value())?;
+                    list.api_version = once(&mut seen.api_version, "apiVersion", cursor.value())?;
                 }
-                "metadata" => list.metadata = once(&mut seen.metadata, "metadata", self.value())?,
-                "items" => list.items = once(&mut seen.items, "items", self.items())?,
+                "metadata" => {
+                    list.metadata = once(&mut seen.metadata, "metadata", cursor.value())?;
+                }
+                "items" => list.items = once(&mut seen.items, "items", cursor.items())?,
                 _ => {
-                    self.value::<IgnoredAny>()?;
+                    cursor.value::<IgnoredAny>()?;
                 }
             }
-            if !self.next_is(b',') {
-                self.expect(b'}', "expected `,` or `}`")?;
-                return Ok(list);
-            }
-        }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(list)
     }
 
     /// The keys before `items`, read as [`Cursor::list`] reads them.
     fn head(&mut self) -> Result<Option<ListHead<'a>>, LocateError> {
         let (mut kind, mut api_version, mut metadata) = (None, None, None);
         let mut seen = Seen::default();
+        let reached_items = self.keys(|cursor, key| {
+            match key.as_ref() {
+                "kind" => kind = once(&mut seen.kind, "kind", cursor.value())?,
+                "apiVersion" => {
+                    api_version = once(&mut seen.api_version, "apiVersion", cursor.value())?;
+                }
+                "metadata" => {
+                    cursor.skip_whitespace();
+                    let start = cursor.at;
+                    let meta = once(&mut seen.metadata, "metadata", cursor.value())?;
+                    metadata = Some((meta, start..cursor.at));
+                }
+                "items" => return Ok(ControlFlow::Break(())),
+                _ => {
+                    cursor.value::<IgnoredAny>()?;
+                }
+            }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        let (true, Some(kind), Some(api_version), Some((metadata, metadata_at))) =
+            (reached_items, kind, api_version, metadata)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(ListHead {
+            kind,
+            api_version,
+            metadata,
+            metadata_at,
+        }))
+    }
+
+    /// Reads a JSON object's keys, `value` reading each one's value; whether `value` stopped it
+    /// (at the value of the key it was given).
+    fn keys(
+        &mut self,
+        mut value: impl FnMut(&mut Self, Cow<'a, str>) -> Result<ControlFlow<()>, LocateError>,
+    ) -> Result<bool, LocateError> {
         self.expect(b'{', "expected a JSON object")?;
         if self.next_is(b'}') {
-            return Ok(None);
+            return Ok(false);
         }
         loop {
             let key: Cow<'a, str> = self.value()?;
             self.expect(b':', "expected `:`")?;
-            match key.as_ref() {
-                "kind" => kind = once(&mut seen.kind, "kind", self.value())?,
-                "apiVersion" => {
-                    api_version = once(&mut seen.api_version, "apiVersion", self.value())?;
-                }
-                "metadata" => {
-                    self.skip_whitespace();
-                    let start = self.at;
-                    let meta = once(&mut seen.metadata, "metadata", self.value())?;
-                    metadata = Some((meta, start..self.at));
-                }
-                "items" => {
-                    let (Some(kind), Some(api_version), Some((metadata, metadata_at))) =
-                        (kind, api_version, metadata)
-                    else {
-                        return Ok(None);
-                    };
-                    return Ok(Some(ListHead {
-                        kind,
-                        api_version,
-                        metadata,
-                        metadata_at,
-                    }));
-                }
-                _ => {
-                    self.value::<IgnoredAny>()?;
-                }
+            if value(self, key)?.is_break() {
+                return Ok(true);
             }
             if !self.next_is(b',') {
                 self.expect(b'}', "expected `,` or `}`")?;
-                return Ok(None);
+                return Ok(false);
             }
         }
     }

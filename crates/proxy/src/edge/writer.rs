@@ -1432,16 +1432,7 @@ mod tests {
     #[test]
     fn a_list_with_an_item_that_is_not_json_inside_is_not_cached() {
         let odd = r#"{"metadata":{"name":"b","namespace":"d","resourceVersion":"12","uid":"u2"},"spec":{"x":tru}}"#;
-        let relist = |rv: &str, items: &[&str]| {
-            CacheOp::List {
-            scope: scope(),
-            body: Bytes::from(format!(
-                r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"{rv}"}},"items":[{}]}}"#,
-                items.join(",")
-            ))
-            .into(),
-        }
-        };
+        let relist = |rv: &str, items: &[&str]| list_of(rv, items);
         let a = r#"{"metadata":{"name":"a","namespace":"d","resourceVersion":"9","uid":"u1"}}"#;
         let store = MemStore::new();
         assert_eq!(
@@ -1471,6 +1462,12 @@ mod tests {
                 )
             })
             .collect();
+        list_of(rv, &items)
+    }
+
+    /// A pod list as kube-apiserver writes it, at `rv`, of `items` (each an object's JSON).
+    fn list_of(rv: &str, items: &[impl AsRef<str>]) -> CacheOp {
+        let items: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
         CacheOp::List {
             scope: scope(),
             body: Bytes::from(format!(
