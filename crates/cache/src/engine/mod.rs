@@ -207,15 +207,15 @@ impl<K: Kv> Engine<K> {
     }
 
     /// The live database was swapped for another (a compaction's copy, a fresh one): no scope
-    /// can be renewed from a state noted before. Called with the write lock held, so that no
-    /// renewal can check in between the swap and this.
+    /// can be renewed from a state noted before. The store calls it with the write lock still
+    /// held from the swap, so that no renewal can check in between (and `replaced` once more).
     pub(crate) fn switched(&self) {
         let seq = self.note_write();
         self.switched_at.store(seq, Ordering::Release);
     }
 
-    /// Whether no item of `scope`'s resource has been written since the write sequence was
-    /// `seq` (nor the database switched): the scope's items are still as they were then.
+    /// Whether no item of `resource` ([`keys::item_resource`]) has been written since the write
+    /// sequence was `seq`, nor the database switched: its scopes' items are as they were then.
     pub(crate) fn items_unchanged_since(&self, resource: &[u8], seq: u64) -> bool {
         if self.switched_at.load(Ordering::Acquire) > seq {
             return false;

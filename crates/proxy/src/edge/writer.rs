@@ -970,7 +970,8 @@ fn apply_object(
 }
 
 /// A LIST's answer: the scope renewed when the list repeats the one that last replaced it and
-/// nothing was committed since ([`Relisted`]); replaced otherwise.
+/// no item of its resource was written since ([`Relisted`], `Store::renew_scope`); replaced
+/// otherwise.
 fn apply_list(
     store: &dyn Store,
     scope: &Scope,
