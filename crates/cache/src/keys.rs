@@ -41,27 +41,41 @@ fn push_segment(buf: &mut Vec<u8>, segment: &[u8]) {
     buf.extend_from_slice(&[ESCAPE, TERMINATOR]);
 }
 
-/// Reads one segment off the front of `input`; `None` if it is malformed.
-fn take_segment(input: &mut &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
+/// Steps over one segment at the front of `input`: its bytes as escaped, or `None` if it is
+/// malformed.
+fn skip_segment<'k>(input: &mut &'k [u8]) -> Option<&'k [u8]> {
+    let whole: &'k [u8] = input;
     let mut i = 0;
-    while i < input.len() {
-        if input[i] != ESCAPE {
-            out.push(input[i]);
+    while i < whole.len() {
+        if whole[i] != ESCAPE {
             i += 1;
             continue;
         }
-        match input.get(i + 1) {
-            Some(&ESCAPED_ZERO) => out.push(ESCAPE),
+        match whole.get(i + 1) {
+            Some(&ESCAPED_ZERO) => i += 2,
             Some(&TERMINATOR) => {
-                *input = &input[i + 2..];
-                return Some(out);
+                *input = &whole[i + 2..];
+                return Some(&whole[..i]);
             }
             _ => return None,
         }
-        i += 2;
     }
     None
+}
+
+/// Reads one segment off the front of `input`; `None` if it is malformed.
+fn take_segment(input: &mut &[u8]) -> Option<Vec<u8>> {
+    let escaped = skip_segment(input)?;
+    let mut out = Vec::with_capacity(escaped.len());
+    let mut bytes = escaped.iter();
+    while let Some(&b) = bytes.next() {
+        out.push(b);
+        if b == ESCAPE {
+            // Its `ESCAPED_ZERO`, which `skip_segment` checked.
+            bytes.next();
+        }
+    }
+    Some(out)
 }
 
 fn take_string(input: &mut &[u8]) -> Option<String> {
@@ -98,22 +112,11 @@ pub(crate) fn item_resource(key: &[u8]) -> Option<&[u8]> {
     if ![OBJECT, PIN, MEMBER, EVENT].contains(&tag) {
         return None;
     }
-    let mut ends = 0;
-    let mut i = 0;
-    while i + 1 < rest.len() {
-        if rest[i] != ESCAPE {
-            i += 1;
-            continue;
-        }
-        if rest[i + 1] == TERMINATOR {
-            ends += 1;
-            if ends == 4 {
-                return Some(&rest[..i + 2]);
-            }
-        }
-        i += 2;
+    let mut after = rest;
+    for _ in 0..4 {
+        skip_segment(&mut after)?;
     }
-    None
+    Some(&rest[..rest.len() - after.len()])
 }
 
 /// Key of an object (`OBJECT`) or of its pin (`PIN`).
@@ -346,5 +349,25 @@ mod tests {
         let key = document_key("kinds/pods.v1.core");
         assert_eq!(describe(&key), "document kinds/pods.v1.core");
         assert_eq!(decode_document_key(&[key.as_slice(), b"x"].concat()), None);
+    }
+
+    #[test]
+    fn a_malformed_segment_is_refused_by_every_reader() {
+        let k = ObjectKey::new("kube\0let", &Gvr::new("", "v1", "pods"), "a", "p");
+        let good = object_key(OBJECT, &k);
+        assert_eq!(decode_object_key(&good), Some(k));
+        assert!(item_resource(&good).is_some());
+        // An escape (in the component) that is neither an escaped zero nor a terminator, and a
+        // key cut short inside its resource.
+        let at = good
+            .windows(2)
+            .position(|w| w == [ESCAPE, ESCAPED_ZERO])
+            .unwrap();
+        let mut odd = good.clone();
+        odd[at + 1] = 0x02;
+        for bad in [odd.as_slice(), &good[..at + 4]] {
+            assert_eq!(decode_object_key(bad), None);
+            assert_eq!(item_resource(bad), None);
+        }
     }
 }

@@ -217,6 +217,29 @@ impl<'a, K: Kv> Planner<'a, K> {
         Ok(())
     }
 
+    /// The scope's record after a LIST at `list_rv`, its log emptied: a new generation whose
+    /// log starts there.
+    fn restart_scope(
+        &mut self,
+        scope: &ScopeId,
+        old: Option<ScopeMeta>,
+        list_rv: &str,
+    ) -> Result<(), CacheError> {
+        self.clear_log(scope)?;
+        // Sequence numbers keep counting across relists so no event key is ever reused.
+        let next = old.as_ref().map_or(0, |m| m.log_next);
+        let meta = ScopeMeta {
+            rv: list_rv.to_owned(),
+            generation: old.map_or(1, |m| m.generation + 1),
+            updated_ms: self.now_ms,
+            log_first: next,
+            log_next: next,
+            log_floor_rv: list_rv.to_owned(),
+        };
+        self.put_scope(scope, &meta);
+        Ok(())
+    }
+
     fn clear_log(&mut self, scope: &ScopeId) -> Result<(), CacheError> {
         let prefix = keys::scope_key(keys::EVENT, scope);
         for key in self.keys_under(&prefix)? {
@@ -235,18 +258,13 @@ impl<'a, K: Kv> Planner<'a, K> {
     }
 }
 
-/// A scope's record after a LIST at `list_rv`: a new generation whose log starts empty there.
-fn relisted_meta(old: Option<ScopeMeta>, list_rv: &str, now_ms: u64) -> ScopeMeta {
-    // Sequence numbers keep counting across relists so no event key is ever reused.
-    let next = old.as_ref().map_or(0, |m| m.log_next);
-    ScopeMeta {
-        rv: list_rv.to_owned(),
-        generation: old.map_or(1, |m| m.generation + 1),
-        updated_ms: now_ms,
-        log_first: next,
-        log_next: next,
-        log_floor_rv: list_rv.to_owned(),
-    }
+/// The scope's version when it is newer than a LIST at `list_rv`: the list must not roll the
+/// scope back, and is refused.
+fn newer_than_list(meta: Option<&ScopeMeta>, list_rv: &str) -> Option<ResourceVersion> {
+    let held = ResourceVersion::new(&meta?.rv);
+    ResourceVersion::new(list_rv)
+        .is_older_than(&held)
+        .then_some(held)
 }
 
 /// Moves the scope's version forward (never back, never to an empty string).
@@ -346,9 +364,7 @@ impl<K: Kv> Engine<K> {
             let mut p = Planner::new(kv, self.max_events());
             let old_meta = p.scope_meta(&id)?;
             let mut outcome = ReplaceOutcome::default();
-            if let Some(held) = old_meta.as_ref().map(|m| ResourceVersion::new(&m.rv))
-                && ResourceVersion::new(list_rv).is_older_than(&held)
-            {
+            if let Some(held) = newer_than_list(old_meta.as_ref(), list_rv) {
                 outcome.refused_older_than = Some(held);
                 return Ok((p.batch, outcome));
             }
@@ -375,9 +391,7 @@ impl<K: Kv> Engine<K> {
                 p.leave_scope(&ObjectKey::new(&scope.component, &scope.gvr, ns, name), &id)?;
                 outcome.removed += 1;
             }
-            p.clear_log(&id)?;
-            let meta = relisted_meta(old_meta, list_rv, p.now_ms);
-            p.put_scope(&id, &meta);
+            p.restart_scope(&id, old_meta, list_rv)?;
             Ok((p.batch, outcome))
         })
     }
@@ -404,15 +418,12 @@ impl<K: Kv> Engine<K> {
                 return Ok((p.batch, None));
             };
             let mut outcome = ReplaceOutcome::default();
-            let held = ResourceVersion::new(&old_meta.rv);
-            if ResourceVersion::new(list_rv).is_older_than(&held) {
+            if let Some(held) = newer_than_list(Some(&old_meta), list_rv) {
                 outcome.refused_older_than = Some(held);
                 return Ok((p.batch, Some(outcome)));
             }
-            // Empty, unless the scope's own watch logged an event: then `seq` is stale.
-            p.clear_log(&id)?;
-            let meta = relisted_meta(Some(old_meta), list_rv, p.now_ms);
-            p.put_scope(&id, &meta);
+            // The log is empty, unless the scope's own watch logged an event (then `seq` is stale).
+            p.restart_scope(&id, Some(old_meta), list_rv)?;
             Ok((p.batch, Some(outcome)))
         })
     }

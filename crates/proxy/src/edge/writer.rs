@@ -1433,16 +1433,15 @@ mod tests {
     #[test]
     fn a_list_with_an_item_that_is_not_json_inside_is_not_cached() {
         let odd = r#"{"metadata":{"name":"b","namespace":"d","resourceVersion":"12","uid":"u2"},"spec":{"x":tru}}"#;
-        let relist = |rv: &str, items: &[&str]| list_of(rv, items);
         let a = r#"{"metadata":{"name":"a","namespace":"d","resourceVersion":"9","uid":"u1"}}"#;
         let store = MemStore::new();
         assert_eq!(
-            apply_all(&store, vec![relist("12", &[a, odd])]),
+            apply_all(&store, vec![list_of("12", &[a, odd])]),
             ["invalid"]
         );
         assert!(store.list(&scope()).unwrap().is_none());
 
-        let outcomes = apply_all(&store, vec![relist("10", &[a]), relist("13", &[a, odd])]);
+        let outcomes = apply_all(&store, vec![list_of("10", &[a]), list_of("13", &[a, odd])]);
         assert_eq!(outcomes, ["replaced", "invalid"]);
         let list = store.list(&scope()).unwrap().unwrap();
         assert_eq!(
