@@ -605,6 +605,18 @@ fn tls_client(upstream: &Upstream) -> TlsClient {
     Client::builder(TokioExecutor::new()).build(https)
 }
 
+/// [`tls_client`] speaking HTTP/2 (ALPN `h2` only), as the hubs and client-go speak to an
+/// apiserver: the `direct-h2` leg, what the upstream's own HTTP/2 costs a request.
+fn tls_client_h2(upstream: &Upstream) -> TlsClient {
+    let mut tls = upstream.tls.with_identity.as_ref().clone();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpsConnector::from((http, tls)))
+}
+
 /// The Go canned upstream when `go` is there (the proxies then never wait on the fake), else
 /// the fake itself.
 fn fast_upstream(upstream: &Upstream, dir: &Path, bodies: &[String; 2]) -> Option<Proc> {
@@ -896,32 +908,36 @@ fn process_latencies(
     legs: &[ProcLeg],
     shape: &ProcessShape,
 ) {
-    let direct = tls_client(upstream);
+    let direct = [tls_client(upstream), tls_client_h2(upstream)];
     let plain = plain_client();
     let direct_base = format!("https://localhost:{}", upstream_addr.port());
     let list_path = node_pods_path();
-    let get = |base: &str, path: &str, tls: bool| {
+    // Leg i: the upstream directly over HTTP/1.1 (0) and HTTP/2 (1), then the proxies.
+    let get = |base: &str, path: &str, i: usize| {
         let uri: http::Uri = format!("{base}{path}").parse().expect("uri");
         let started = Instant::now();
         let fetched = rt.block_on(async {
-            if tls {
-                kubelet_get(&direct, &uri).await
-            } else {
-                kubelet_get(&plain, &uri).await
+            match direct.get(i) {
+                Some(client) => kubelet_get(client, &uri).await,
+                None => kubelet_get(&plain, &uri).await,
             }
         });
         assert_eq!(fetched.status, 200, "{uri}");
         started.elapsed()
     };
-    let names: Vec<&str> = std::iter::once("direct")
+    let names: Vec<&str> = ["direct", "direct-h2"]
+        .into_iter()
         .chain(legs.iter().map(|l| l.name))
         .collect();
-    let bases: Vec<&str> = std::iter::once(direct_base.as_str())
+    let bases: Vec<&str> = [direct_base.as_str(); 2]
+        .into_iter()
         .chain(legs.iter().map(|l| l.base.as_str()))
         .collect();
     let settle = |i: usize| {
-        if i > 0 && legs[i - 1].caches {
-            legs[i - 1].settle();
+        if let Some(leg) = i.checked_sub(direct.len()).map(|l| &legs[l])
+            && leg.caches
+        {
+            leg.settle();
         }
     };
     let mut gets: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
@@ -929,19 +945,19 @@ fn process_latencies(
     for _ in 0..shape.get_blocks {
         for (i, base) in bases.iter().enumerate() {
             for _ in 0..BLOCK_WARM_UP {
-                get(base, GET_PATH, i == 0);
+                get(base, GET_PATH, i);
             }
             for _ in 0..GET_BLOCK {
-                gets[i].push(get(base, GET_PATH, i == 0));
+                gets[i].push(get(base, GET_PATH, i));
             }
             settle(i);
         }
     }
     for _ in 0..shape.list_rounds {
         for (i, base) in bases.iter().enumerate() {
-            get(base, &list_path, i == 0);
+            get(base, &list_path, i);
             for _ in 0..shape.list_batch {
-                lists[i].push(get(base, &list_path, i == 0));
+                lists[i].push(get(base, &list_path, i));
             }
             settle(i);
         }
@@ -972,7 +988,7 @@ fn process_latencies(
     }
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     let row = |name: &str| table.iter().find(|(n, _)| *n == name).map(|(_, r)| *r);
-    for base in ["direct", "nginx", "outpost-cloud", "base-cloud"] {
+    for base in ["direct", "direct-h2", "nginx", "outpost-cloud", "base-cloud"] {
         let Some(b) = row(base) else { continue };
         let hub = |n: &str| n.starts_with("outpost") || n.starts_with("base-");
         for (name, r) in table.iter().filter(|(n, _)| hub(n) && *n != base) {
@@ -983,6 +999,21 @@ fn process_latencies(
                 ratio(r[2], b[2]),
                 ratio(r[3], b[3]),
             );
+        }
+    }
+    // What each proxy adds to its upstream protocol's own time: the hubs speak HTTP/2 to the
+    // upstream, nginx and haproxy HTTP/1.1.
+    if let (Some(h1), Some(h2)) = (row("direct"), row("direct-h2")) {
+        let added = |r: &[Duration; 4], d: &[Duration; 4]| {
+            format!(
+                "GET p50 +{} LIST p50 +{}",
+                micros(r[0].saturating_sub(d[0])),
+                outpost_benches::millis(r[2].saturating_sub(d[2]))
+            )
+        };
+        for (name, r) in table.iter().filter(|(n, _)| !n.starts_with("direct")) {
+            let own = if matches!(*name, "nginx" | "haproxy" | "cloud-http1") { &h1 } else { &h2 };
+            println!("  {name} added to its upstream protocol's direct time: {}", added(r, own));
         }
     }
 }

@@ -133,9 +133,11 @@ impl Pipeline {
         let answered = shared.as_ref().and_then(|s| s.answer(&info));
         let result = match (answered, route.serve) {
             (Some(resp), _) => Ok(resp),
-            (None, Serve::Tunnel) => self.tunnel(route, &info, req).await,
+            // Boxed, as are other rare paths ([`cached_instead`]): their states are kilobytes,
+            // and every request's future would otherwise carry (and move) the largest of them.
+            (None, Serve::Tunnel) => Box::pin(self.tunnel(route, &info, req)).await,
             (None, Serve::Kubelet(which)) => {
-                self.kubelet(which, route, &info, req, &exchange).await
+                Box::pin(self.kubelet(which, route, &info, req, &exchange)).await
             }
             // Serve::Cache comes only with a cache plan, and so in edge mode.
             (None, Serve::Cache) => match (&self.edge, &route.cache) {
@@ -195,7 +197,7 @@ impl Pipeline {
     ) -> Result<Response<ProxyBody>, ProxyError> {
         match (&result, &self.edge, fallback) {
             (Err(e), Some(edge), Some((plan, headers))) if e.is_upstream() => {
-                cached_instead(edge, plan, info, &headers, false)
+                Box::pin(cached_instead(edge, plan, info, &headers, false))
                     .await
                     .unwrap_or(result)
             }
@@ -388,7 +390,7 @@ impl Pipeline {
             }
             let gave_up = matches!(sent, Err(ProxyError::Offline(_)));
             if let Some(cached) =
-                cached_instead(edge, plan.clone(), info, &parts.headers, gave_up).await
+                Box::pin(cached_instead(edge, plan.clone(), info, &parts.headers, gave_up)).await
             {
                 return cached;
             }

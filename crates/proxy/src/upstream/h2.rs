@@ -190,7 +190,9 @@ impl H2Client {
         if let Some(taken) = pool.reserve() {
             return Ok(Some(taken));
         }
-        match self.dial(server, pool).await? {
+        // Boxed: the handshake's state is kilobytes, and every request's future would carry it
+        // inline (and copy it at each await above) for a step taken once per connection.
+        match Box::pin(self.dial(server, pool)).await? {
             Dialed::Http1 => {
                 info!(server = %server.label(), "the apiserver offers no HTTP/2; using HTTP/1.1");
                 pool.http1_only.store(true, Ordering::Relaxed);
