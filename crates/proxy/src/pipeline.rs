@@ -389,8 +389,14 @@ impl Pipeline {
                 ));
             }
             let gave_up = matches!(sent, Err(ProxyError::Offline(_)));
-            if let Some(cached) =
-                Box::pin(cached_instead(edge, plan.clone(), info, &parts.headers, gave_up)).await
+            if let Some(cached) = Box::pin(cached_instead(
+                edge,
+                plan.clone(),
+                info,
+                &parts.headers,
+                gave_up,
+            ))
+            .await
             {
                 return cached;
             }

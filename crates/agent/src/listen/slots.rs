@@ -31,9 +31,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use prometheus::{IntCounter, IntCounterVec, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// kube-apiserver's `ReadHeaderTimeout`.
@@ -216,7 +216,7 @@ impl Slots {
         match victim {
             Some(victim) => {
                 victim.close.store(true, Ordering::Release);
-                victim.changed.notify_one();
+                victim.evicted.wake();
                 true
             }
             None => false,
@@ -257,7 +257,9 @@ struct ConnState {
     served: AtomicBool,
     /// The port asked this connection to close (its slot went to a newer one).
     close: AtomicBool,
-    changed: Notify,
+    /// The watchdog, woken when `close` is set. Nothing else wakes it: it reads the state
+    /// above when its timer fires ([`Requests::due`]), so that a request costs no wake-up.
+    evicted: AtomicWaker,
 }
 
 /// Waiting for a request head: since the connection was accepted, or since the first byte
@@ -274,7 +276,7 @@ impl ConnState {
             since: AtomicU64::new(now_ms),
             served: AtomicBool::new(false),
             close: AtomicBool::new(false),
-            changed: Notify::new(),
+            evicted: AtomicWaker::new(),
         }
     }
 }
@@ -330,7 +332,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
                     .since
                     .store(self.slot.slots.now_ms(), Ordering::Release);
                 state.phase.store(WAITING_HEAD, Ordering::Release);
-                state.changed.notify_one();
             }
         }
         polled
@@ -392,40 +393,64 @@ impl Requests {
 
     /// Resolves when the connection should close: its head is late, it sat idle too long, or
     /// its slot went to a newer connection. Never while a request is being served.
+    ///
+    /// One timer per connection, never moved by a request: when it fires, [`Requests::due`]
+    /// reads the connection's state and closes it or sets the timer again. It is always set no
+    /// later than the earliest deadline the connection could have by then, so it never closes
+    /// late; only an eviction wakes it otherwise.
     pub async fn watchdog(&self) -> Closed {
-        let limits = self.slots.limits;
-        loop {
-            let changed = self.state.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.state.busy.load(Ordering::Acquire) {
+        let first = match self.due(Instant::now()) {
+            Ok(at) => at,
+            Err(reason) => return reason,
+        };
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(first));
+        std::future::poll_fn(|cx| {
+            self.state.evicted.register(cx.waker());
+            if self.state.close.load(Ordering::Acquire) {
+                if !self.state.busy.load(Ordering::Acquire) {
+                    return Poll::Ready(Closed::Evicted);
+                }
                 // A newer connection got this one's slot while it took a request: it stays.
                 self.state.close.store(false, Ordering::Release);
-                changed.await;
-                continue;
             }
-            if self.state.close.load(Ordering::Acquire) {
-                return Closed::Evicted;
-            }
-            let (timeout, reason) = match self.state.phase.load(Ordering::Acquire) {
-                IDLE => (limits.idle_timeout, Closed::IdleTimeout),
-                _ => (limits.header_timeout, Closed::HeaderTimeout),
-            };
-            let since = self.state.since.load(Ordering::Acquire);
-            let deadline = self.slots.epoch + Duration::from_millis(since) + timeout;
-            tokio::select! {
-                () = tokio::time::sleep_until(deadline) => {
-                    let unchanged = !self.state.busy.load(Ordering::Acquire)
-                        && self.state.since.load(Ordering::Acquire) == since;
-                    if unchanged {
-                        return reason;
-                    }
+            while timer.as_mut().poll(cx).is_ready() {
+                match self.due(Instant::now()) {
+                    Ok(at) => timer.as_mut().reset(at),
+                    Err(reason) => return Poll::Ready(reason),
                 }
-                () = &mut changed => {}
             }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// At `now`: why the connection closes, or when to look again. Idle, a request's head may
+    /// begin at any moment and its (shorter) header timeout counts from then, so the next look
+    /// is no later than one header timeout away; while a request is served, nothing times out
+    /// and the next look is as far.
+    fn due(&self, now: Instant) -> Result<Instant, Closed> {
+        let limits = self.slots.limits;
+        let step = limits.header_timeout.max(MIN_STEP);
+        if self.state.busy.load(Ordering::Acquire) {
+            return Ok(now + step);
+        }
+        let since =
+            self.slots.epoch + Duration::from_millis(self.state.since.load(Ordering::Acquire));
+        let idle = self.state.phase.load(Ordering::Acquire) == IDLE;
+        let (deadline, reason) = match idle {
+            true => (since + limits.idle_timeout, Closed::IdleTimeout),
+            false => (since + limits.header_timeout, Closed::HeaderTimeout),
+        };
+        match (now >= deadline, idle) {
+            (true, _) => Err(reason),
+            (false, true) => Ok(deadline.min(now + step)),
+            (false, false) => Ok(deadline),
         }
     }
 }
+
+/// The watchdog's shortest step between looks, whatever the timeouts.
+const MIN_STEP: Duration = Duration::from_millis(1);
 
 /// A request being served; see [`Requests::begin`].
 pub struct Serving {
@@ -441,7 +466,6 @@ impl Drop for Serving {
         state.phase.store(IDLE, Ordering::Release);
         state.served.store(true, Ordering::Release);
         state.busy.store(false, Ordering::Release);
-        state.changed.notify_one();
     }
 }
 
@@ -561,5 +585,60 @@ mod tests {
         drop(serving);
         assert_eq!(requests.watchdog().await, Closed::IdleTimeout);
         assert!(idle_since.elapsed() >= Duration::from_millis(150));
+    }
+
+    /// One watchdog for a connection's whole life, as the server runs it: a request longer
+    /// than the header timeout keeps the connection, its end starts the idle timeout, and a
+    /// head that starts while idle is timed from its first byte, not from the idle deadline.
+    #[tokio::test]
+    async fn a_running_watchdog_follows_requests_and_times_a_head_from_its_first_byte() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = slots(4, 100, 600);
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let (mut socket, requests) = port.admit().unwrap().track(ours);
+        let watchdog = requests.watchdog();
+        tokio::pin!(watchdog);
+
+        let serving = requests.begin();
+        let busy = tokio::time::timeout(Duration::from_millis(250), &mut watchdog).await;
+        assert!(busy.is_err(), "no timeout while a request is served");
+        drop(serving);
+        let idle = tokio::time::timeout(Duration::from_millis(100), &mut watchdog).await;
+        assert!(idle.is_err(), "idle for less than the idle timeout");
+        theirs.write_all(b"GET /").await.unwrap();
+        let mut first = [0u8; 5];
+        socket.read_exact(&mut first).await.unwrap();
+        let first_byte = Instant::now();
+        assert_eq!(watchdog.await, Closed::HeaderTimeout);
+        let waited = first_byte.elapsed();
+        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        assert!(
+            waited < Duration::from_millis(300),
+            "timed from the idle deadline: {waited:?}"
+        );
+
+        let (_other, other) = port.admit().unwrap().track(());
+        let watchdog = other.watchdog();
+        tokio::pin!(watchdog);
+        let serving = other.begin();
+        let busy = tokio::time::timeout(Duration::from_millis(250), &mut watchdog).await;
+        assert!(busy.is_err(), "no timeout while a request is served");
+        let idle_since = Instant::now();
+        drop(serving);
+        assert_eq!(watchdog.await, Closed::IdleTimeout);
+        assert!(idle_since.elapsed() >= Duration::from_millis(600));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_watchdog_wakes_when_its_slot_is_taken() {
+        let port = slots(1, 60_000, 60_000);
+        let (_socket, requests) = port.admit().unwrap().track(());
+        // A task of its own, polled only when woken, as in the connection's task.
+        let watchdog = tokio::spawn(async move { requests.watchdog().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!watchdog.is_finished(), "nothing to close yet");
+        let _newer = port.admit().expect("a slot, by evicting the idle one");
+        let closed = tokio::time::timeout(Duration::from_secs(5), watchdog).await;
+        assert_eq!(closed.ok().map(Result::unwrap), Some(Closed::Evicted));
     }
 }
