@@ -129,7 +129,7 @@ impl Hub {
             leader_port(&config, pool, &pipeline, ports.serving_cert.clone(), &tasks);
         }
         let hub = ports.serve(&config, pipeline, admin, tasks, dummy_if);
-        let servers: Vec<String> = states.servers().map(Server::label).collect();
+        let servers: Vec<String> = states.servers().map(|s| s.label().to_owned()).collect();
         info!(proxy = %hub.proxy_addr, admin = %hub.admin_addr, secure = ?hub.secure_addr, upstream = ?servers, "hub serving");
         Ok(hub)
     }

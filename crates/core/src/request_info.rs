@@ -113,7 +113,7 @@ pub struct RequestInfo {
     pub path: String,
     pub verb: Verb,
     /// `api` or `apis` for resource requests, empty otherwise.
-    pub api_prefix: String,
+    pub api_prefix: &'static str,
     pub api_group: String,
     pub api_version: String,
     pub namespace: String,
@@ -138,6 +138,10 @@ pub enum ClassifyError {
     Path(String),
 }
 
+/// The path segments classification reads at most: `apis`, group, version, `watch`,
+/// `namespaces`, namespace, resource, name, subresource; those after tell nothing more.
+const PATH_SEGMENTS_READ: usize = 9;
+
 /// Namespace subresources: `/api/v1/namespaces/<ns>/status` is about the namespace itself.
 const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 
@@ -160,7 +164,7 @@ impl RequestInfo {
             is_resource_request: false,
             path: path.to_owned(),
             verb: Verb::from_method(method),
-            api_prefix: String::new(),
+            api_prefix: "",
             api_group: String::new(),
             api_version: String::new(),
             namespace: String::new(),
@@ -170,18 +174,22 @@ impl RequestInfo {
             query,
             component: user_agent.and_then(component_of),
         };
-        info.resolve_resource_parts(method);
+        info.resolve_resource_parts(method, path);
         Ok(info)
     }
 
     /// The part of `NewRequestInfo` that walks `/api[s]/<group>/<version>/...`.
-    fn resolve_resource_parts(&mut self, method: &Method) {
-        let path = self.path.clone();
-        let segments: Vec<&str> = path
-            .trim_matches('/')
-            .split('/')
-            .filter(|s| !s.is_empty())
-            .collect();
+    fn resolve_resource_parts(&mut self, method: &Method, path: &str) {
+        let mut kept = [""; PATH_SEGMENTS_READ];
+        let mut count = 0;
+        for segment in path.split('/').filter(|s| !s.is_empty()) {
+            kept[count] = segment;
+            count += 1;
+            if count == kept.len() {
+                break;
+            }
+        }
+        let segments = &kept[..count];
         let Some((&prefix, mut rest)) = segments.split_first() else {
             return self.mark_non_resource(method);
         };
@@ -193,7 +201,7 @@ impl RequestInfo {
         if segments.len() < needed {
             return self.mark_non_resource(method);
         }
-        self.api_prefix = prefix.to_owned();
+        self.api_prefix = if prefix == "api" { "api" } else { "apis" };
         if prefix == "apis" {
             self.api_group = rest[0].to_owned();
             rest = &rest[1..];
@@ -282,11 +290,11 @@ impl RequestInfo {
     }
 
     /// `pods`, `pods/status`: the RBAC-style resource name used in logs and metrics labels.
-    pub fn resource_label(&self) -> String {
+    pub fn resource_label(&self) -> std::borrow::Cow<'_, str> {
         match (self.resource.is_empty(), self.subresource.is_empty()) {
-            (true, _) => String::new(),
-            (false, true) => self.resource.clone(),
-            (false, false) => format!("{}/{}", self.resource, self.subresource),
+            (true, _) => "".into(),
+            (false, true) => self.resource.as_str().into(),
+            (false, false) => format!("{}/{}", self.resource, self.subresource).into(),
         }
     }
 

@@ -18,7 +18,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("apiserver {server} did not finish its answer within the request's {after:?}")]
 pub struct DeadlineExceeded {
-    pub server: String,
+    pub server: std::sync::Arc<str>,
     pub after: Duration,
 }
 
@@ -181,7 +181,7 @@ impl ProxyError {
     pub fn from_response_body(err: &BoxError) -> ProxyError {
         match err.downcast_ref::<DeadlineExceeded>() {
             Some(e) => ProxyError::Timeout {
-                server: e.server.clone(),
+                server: e.server.to_string(),
                 after: e.after,
             },
             None => ProxyError::BadReply {

@@ -615,7 +615,8 @@ impl Pipeline {
         in_flight: Option<InFlight>,
     ) -> Response<ProxyBody> {
         let verb = info.map_or("unknown", |i| i.verb.as_str());
-        let resource = info.map(RequestInfo::resource_label).unwrap_or_default();
+        let label = info.map(RequestInfo::resource_label).unwrap_or_default();
+        let resource = &*label;
         let component = info.and_then(|i| i.component.as_deref());
         let component_label = crate::metrics::component_label(component);
         let component = component.unwrap_or("none");
@@ -640,7 +641,7 @@ impl Pipeline {
         );
         self.metrics
             .requests
-            .with_label_values(&[component_label, verb, resource.as_str(), status.as_str()])
+            .with_label_values(&[component_label, verb, resource, status.as_str()])
             .inc();
         crate::work::note_work();
         self.metrics
@@ -709,7 +710,7 @@ impl Exchange {
             return resp;
         };
         let exceeded = body::DeadlineExceeded {
-            server: server.map(Server::label).unwrap_or_default(),
+            server: server.map_or_else(|| "".into(), Server::shared_label),
             after: self.length,
         };
         resp.map(|b| body::until_deadline(b, deadline, exceeded))

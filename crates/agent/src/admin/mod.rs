@@ -371,7 +371,7 @@ impl NodePods {
         };
         let (code, bytes) = upstream.own_call(server, call).await.map_err(|cause| {
             outpost_proxy::ProxyError::Unreachable {
-                server: server.label(),
+                server: server.label().to_owned(),
                 cause: Box::new(cause),
             }
         })?;

@@ -65,7 +65,7 @@ pub fn server_states(
     servers: &[Server],
     metrics: &Metrics,
 ) -> Arc<ServerStates> {
-    let labels: Vec<String> = servers.iter().map(Server::label).collect();
+    let labels: Vec<String> = servers.iter().map(|s| s.label().to_owned()).collect();
     let initially_healthy = config
         .state_file
         .as_deref()

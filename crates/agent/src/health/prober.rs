@@ -249,10 +249,10 @@ async fn probe_readyz(states: &ServerStates, upstream: &Upstream, i: usize, conf
     states.record_probe(i, false, &cause);
 }
 
-fn observe(states: &ServerStates, label: String, started: Instant) {
+fn observe(states: &ServerStates, label: &str, started: Instant) {
     states
         .probe_latency
-        .with_label_values(&[label.as_str()])
+        .with_label_values(&[label])
         .observe(started.elapsed().as_secs_f64());
 }
 

@@ -350,7 +350,7 @@ impl TokenBootstrap {
                     return Ok(creds);
                 }
                 Err(error) => problems.push(Unanswered {
-                    server: server.label(),
+                    server: server.label().to_owned(),
                     error,
                 }),
             }

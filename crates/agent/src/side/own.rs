@@ -233,7 +233,7 @@ impl OwnGets {
         resp: http::Response<hyper::body::Incoming>,
     ) -> Result<Bytes, ProxyError> {
         let resource = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
-            .map(|info| info.resource_label())
+            .map(|info| info.resource_label().into_owned())
             .unwrap_or_default();
         let (parts, body) = resp.into_parts();
         let bytes = body

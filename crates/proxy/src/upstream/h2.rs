@@ -127,7 +127,10 @@ impl H2Client {
 
     fn pool(&self, server: &Server) -> Arc<ServerPool> {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
-        pools.entry(server.label()).or_default().clone()
+        if let Some(pool) = pools.get(server.label()) {
+            return pool.clone();
+        }
+        pools.entry(server.label().to_owned()).or_default().clone()
     }
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
@@ -213,7 +216,7 @@ impl H2Client {
     async fn dial(&self, server: &Server, pool: &ServerPool) -> Result<Dialed, ProxyError> {
         let unreachable =
             |cause: Box<dyn std::error::Error + Send + Sync>| ProxyError::Unreachable {
-                server: server.label(),
+                server: server.label().to_owned(),
                 cause,
             };
         let uri = server
@@ -233,7 +236,7 @@ impl H2Client {
         }
         let label = server.label();
         let tally = Tally::new(
-            self.streams.with_label_values(&[label.as_str()]),
+            self.streams.with_label_values(&[label]),
             pool.advertised.clone(),
         );
         let io = TokioIo::new(FrameTap::new(tls, tally.clone()));
@@ -347,12 +350,12 @@ fn bodiless_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
 fn classify_h2_error(server: &Server, err: hyper::Error) -> ProxyError {
     if err.is_parse() || err.is_parse_status() || err.is_user() {
         ProxyError::BadReply {
-            server: server.label(),
+            server: server.label().to_owned(),
             cause: Box::new(err),
         }
     } else {
         ProxyError::ConnectionLost {
-            server: server.label(),
+            server: server.label().to_owned(),
             cause: Box::new(err),
         }
     }

@@ -267,14 +267,15 @@ impl Upstream {
     /// [`Self::pick`], leaving `excluded` out (the server a retry must not go back to).
     pub fn pick_except(&self, excluded: Option<&Server>) -> Option<&Server> {
         let excluded = excluded.and_then(|s| self.states.index_of(s));
-        let healthy: Vec<usize> = (0..self.states.len())
-            .filter(|&i| self.states.is_healthy(i) && Some(i) != excluded)
-            .collect();
+        let healthy = || {
+            (0..self.states.len())
+                .filter(move |&i| self.states.is_healthy(i) && Some(i) != excluded)
+        };
         let index = match self.lb_mode {
-            LbMode::Priority => *healthy.first()?,
+            LbMode::Priority => healthy().next()?,
             LbMode::RoundRobin => {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
-                *healthy.get(n % healthy.len().max(1))?
+                healthy().nth(n % healthy().count().max(1))?
             }
         };
         self.states.server(index)
@@ -313,7 +314,7 @@ impl Upstream {
         match tokio::time::timeout(deadline, self.start(server, identity, req)).await {
             Ok(answered) => answered,
             Err(_elapsed) => Err(ProxyError::Timeout {
-                server: server.label(),
+                server: server.label().to_owned(),
                 after: deadline,
             }),
         }
@@ -457,17 +458,17 @@ fn classify_client_error(server: &Server, err: hyper_util::client::legacy::Error
     let cause = Box::new(err);
     if cause.is_connect() {
         ProxyError::Unreachable {
-            server: server.label(),
+            server: server.label().to_owned(),
             cause,
         }
     } else if lost {
         ProxyError::ConnectionLost {
-            server: server.label(),
+            server: server.label().to_owned(),
             cause,
         }
     } else {
         ProxyError::BadReply {
-            server: server.label(),
+            server: server.label().to_owned(),
             cause,
         }
     }

@@ -36,6 +36,8 @@ pub enum ServerAddrError {
 pub struct Server {
     /// `https://host:port`, used for building upstream URIs.
     pub base: Uri,
+    /// [`Server::label`], made once: requests look their server's pool and bounds up by it.
+    label: std::sync::Arc<str>,
 }
 
 impl Server {
@@ -75,18 +77,18 @@ impl Server {
             .path_and_query("/")
             .build()
             .map_err(invalid)?;
-        Ok(Server { base })
+        let label = format!("https://{authority}").into();
+        Ok(Server { base, label })
     }
 
     /// `https://host:port` without the trailing slash, for logs and metric labels.
-    pub fn label(&self) -> String {
-        format!(
-            "https://{}",
-            self.base
-                .authority()
-                .map(|a| a.as_str())
-                .unwrap_or_default()
-        )
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// [`Server::label`], shared: for what outlives a request without costing it a copy.
+    pub fn shared_label(&self) -> std::sync::Arc<str> {
+        self.label.clone()
     }
 
     pub fn uri_for<P>(&self, path_and_query: P) -> Result<Uri, http::Error>

@@ -59,7 +59,7 @@ impl ServerStates {
             .into_iter()
             .enumerate()
             .map(|(i, server)| ServerState {
-                label: server.label(),
+                label: server.label().to_owned(),
                 server,
                 healthy: AtomicBool::new(initially_healthy.get(i).copied().unwrap_or(true)),
                 streak: AtomicU32::new(0),
