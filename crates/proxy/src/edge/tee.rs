@@ -275,14 +275,24 @@ impl TeeBody {
         }
         self.done = true;
         let body = std::mem::take(&mut self.whole);
-        let op = match self.sink.clone() {
-            Sink::Object(key) if self.writer.still_holds(&key, &body) => return,
-            Sink::Object(key) => CacheOp::Object { key, body },
-            Sink::Written(key) => CacheOp::Written { key, body },
-            Sink::List(scope) => CacheOp::List { scope, body },
+        // Cloned only for the writer: an answer the cache holds as it is costs no copy.
+        let op = match &self.sink {
+            Sink::Object(key) if self.writer.still_holds(key, &body) => return,
+            Sink::Object(key) => CacheOp::Object {
+                key: key.clone(),
+                body,
+            },
+            Sink::Written(key) => CacheOp::Written {
+                key: key.clone(),
+                body,
+            },
+            Sink::List(scope) => CacheOp::List {
+                scope: scope.clone(),
+                body,
+            },
             Sink::Document { name, content_type } => CacheOp::Document {
-                name,
-                content_type,
+                name: name.clone(),
+                content_type: content_type.clone(),
                 body,
             },
             Sink::Watch { scope, .. } => {
@@ -291,7 +301,10 @@ impl TeeBody {
                 if lines.is_empty() {
                     return;
                 }
-                CacheOp::Events { scope, lines }
+                CacheOp::Events {
+                    scope: scope.clone(),
+                    lines,
+                }
             }
         };
         if self.writer.submit(op).is_none() {
