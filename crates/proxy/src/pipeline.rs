@@ -550,7 +550,7 @@ impl Pipeline {
             // The client's own body failed the exchange: nothing to say about the server.
             Err(ProxyError::ClientBody(_) | ProxyError::ClientTimeout { .. }) => {}
             Err(e) => {
-                self.count_upstream_error(&server.label(), e);
+                self.count_upstream_error(server.label(), e);
                 match e {
                     ProxyError::Unreachable { .. } => states.mark_failed(server, &e.to_string()),
                     e if e.is_upstream() => states.suspect(server, &e.to_string()),
@@ -596,7 +596,7 @@ impl Pipeline {
             .upstream
             .send(server, route.identity, upstream_req, deadline)
             .await
-            .inspect_err(|e| self.count_upstream_error(&server.label(), e))?;
+            .inspect_err(|e| self.count_upstream_error(server.label(), e))?;
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             let upstream_side = hyper::upgrade::on(&mut resp);
             tokio::spawn(splice(client_side, upstream_side));
