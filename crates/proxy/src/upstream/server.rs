@@ -32,13 +32,23 @@ pub enum ServerAddrError {
 }
 
 /// One apiserver, as given in `--server-addr` (always https).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Server {
     /// `https://host:port`, used for building upstream URIs.
     pub base: Uri,
     /// [`Server::label`], made once: requests look their server's pool and bounds up by it.
     label: std::sync::Arc<str>,
 }
+
+/// Two servers are the same when their labels are: a label is the whole of `base` (scheme,
+/// authority, and the path every server has), so comparing both would compare it twice.
+impl PartialEq for Server {
+    fn eq(&self, other: &Server) -> bool {
+        self.label == other.label
+    }
+}
+
+impl Eq for Server {}
 
 impl Server {
     /// Parses one `--server-addr` entry: a missing scheme means https, any other scheme is refused.

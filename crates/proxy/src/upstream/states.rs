@@ -21,7 +21,6 @@ use crate::metrics::Metrics;
 
 struct ServerState {
     server: Server,
-    label: String,
     healthy: AtomicBool,
     /// Consecutive successful probes since the last failure.
     streak: AtomicU32,
@@ -59,7 +58,6 @@ impl ServerStates {
             .into_iter()
             .enumerate()
             .map(|(i, server)| ServerState {
-                label: server.label().to_owned(),
                 server,
                 healthy: AtomicBool::new(initially_healthy.get(i).copied().unwrap_or(true)),
                 streak: AtomicU32::new(0),
@@ -80,7 +78,7 @@ impl ServerStates {
         for s in &states.servers {
             states
                 .gauge
-                .with_label_values(&[s.label.as_str()])
+                .with_label_values(&[s.server.label()])
                 .set(i64::from(s.healthy.load(Ordering::Relaxed)));
         }
         states.publish();
@@ -187,7 +185,7 @@ impl ServerStates {
             return;
         };
         if !s.suspected.swap(true, Ordering::AcqRel) {
-            debug!(server = %s.label, cause, "apiserver suspected; probing it now");
+            debug!(server = %s.server.label(), cause, "apiserver suspected; probing it now");
         }
         self.suspicion.notify_one();
     }
@@ -211,16 +209,16 @@ impl ServerStates {
         }
         let to = if healthy { "healthy" } else { "unhealthy" };
         if healthy {
-            info!(server = %s.label, "apiserver healthy");
+            info!(server = %s.server.label(), "apiserver healthy");
         } else {
-            warn!(server = %s.label, cause, "apiserver unhealthy");
+            warn!(server = %s.server.label(), cause, "apiserver unhealthy");
             s.outages.send_modify(|n| *n += 1);
         }
         self.gauge
-            .with_label_values(&[s.label.as_str()])
+            .with_label_values(&[s.server.label()])
             .set(i64::from(healthy));
         self.transitions
-            .with_label_values(&[s.label.as_str(), to])
+            .with_label_values(&[s.server.label(), to])
             .inc();
         self.publish();
     }
