@@ -10,15 +10,15 @@ use http::header::{self, HeaderName, HeaderValue};
 pub const SERVED_FROM: &str = "x-outpost-served-from";
 
 /// RFC 9110 §7.6.1 connection-specific fields, plus the legacy ones proxies still see.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
 ];
 
 /// Whether one item of an `Accept` or `Accept-Encoding` list (`gzip;q=0`) refuses what it names.
@@ -37,21 +37,30 @@ pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
 
 /// Removes hop-by-hop headers (and those named in `Connection`); keeps the upgrade pair if asked.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = connection_tokens(headers)
-        .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    // Most requests and answers carry none: one pass over the names they have is cheaper than
+    // a lookup of every name they might have.
+    if headers.keys().any(is_connection_specific) {
+        let named: Vec<HeaderName> = connection_tokens(headers)
+            .filter(|t| !(keep_upgrade && t.eq_ignore_ascii_case("upgrade")))
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+        for name in &HOP_BY_HOP {
+            headers.remove(name);
+        }
+        if !keep_upgrade {
+            headers.remove(header::UPGRADE);
+        }
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
     }
+}
+
+fn is_connection_specific(name: &HeaderName) -> bool {
+    *name == header::UPGRADE || HOP_BY_HOP.contains(name)
 }
 
 fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = String> + '_ {
@@ -105,6 +114,29 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("accept"));
+    }
+
+    #[test]
+    fn each_connection_specific_field_alone_is_stripped_and_the_rest_kept() {
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            let mut h = map(&[(name, "x"), ("accept", "application/json")]);
+            strip_hop_by_hop(&mut h, false);
+            assert_eq!(h.len(), 1, "{name} is stripped");
+            assert!(h.contains_key("accept"), "beside {name}");
+        }
+        let mut plain = map(&[("accept", "application/json"), ("user-agent", "kubelet")]);
+        strip_hop_by_hop(&mut plain, false);
+        assert_eq!(plain.len(), 2, "end-to-end fields stay");
     }
 
     #[test]
