@@ -142,6 +142,52 @@ async fn http2_carries_every_request_and_watch_over_one_connection() {
     every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch over HTTP/2").await;
 }
 
+/// A request body larger than the server's HTTP/2 window (the fake's is hyper's, 1 MiB) goes
+/// out as the server opens the window, whole, on the node's one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_beyond_the_servers_window_crosses_whole_over_http2() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    support::wait_online(&hub).await;
+    let message: String = (0..1_500_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let event = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "big", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "name": NODE},
+        "reason": "Big",
+        "message": message,
+    });
+    let resp = support::send_json(
+        hub.proxy,
+        "POST",
+        "/api/v1/namespaces/default/events",
+        &event.to_string(),
+    )
+    .await;
+    assert_eq!(
+        resp.status,
+        201,
+        "created: {}",
+        String::from_utf8_lossy(&resp.body)
+    );
+    let stored = cluster
+        .fake
+        .get("v1/events", Some("default"), "big")
+        .expect("the event reached the apiserver");
+    assert!(
+        stored["message"] == message.as_str(),
+        "the whole body arrived"
+    );
+    assert_eq!(
+        node_connections(&cluster),
+        (1, 0),
+        "over HTTP/2, on the node's one connection"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_connection_opens_only_at_the_servers_stream_limit() {
     let cluster = four_streams_per_connection().await;

@@ -33,8 +33,8 @@ pub fn empty() -> ProxyBody {
         .boxed()
 }
 
-/// An upstream (or client) body, streamed frame by frame.
-pub fn stream(body: hyper::body::Incoming) -> ProxyBody {
+/// An upstream body, streamed frame by frame.
+pub fn stream(body: crate::upstream::UpstreamBody) -> ProxyBody {
     body.map_err(BoxError::from).boxed()
 }
 
@@ -331,9 +331,9 @@ impl Body for Deadline {
 /// `None` at the body's end. `framer` keeps what has arrived beyond the line; the call is
 /// cancel-safe.
 pub async fn next_line(
-    body: &mut hyper::body::Incoming,
+    body: &mut crate::upstream::UpstreamBody,
     framer: &mut outpost_core::wire::LineFramer,
-) -> Result<Option<Bytes>, hyper::Error> {
+) -> Result<Option<Bytes>, crate::upstream::BodyError> {
     loop {
         while let Some(line) = framer.next_line() {
             if !line.trim_ascii().is_empty() {

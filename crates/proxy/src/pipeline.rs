@@ -55,7 +55,7 @@ use crate::metrics::Metrics;
 use crate::multiplexer::Multiplexer;
 use crate::objects;
 use crate::route::{self, Route, Serve};
-use crate::upstream::{Server, Upstream};
+use crate::upstream::{Server, Upstream, UpstreamBody};
 
 /// The secure port's answer to a request without a bearer token.
 const NO_BEARER_TOKEN: &str =
@@ -416,7 +416,7 @@ impl Pipeline {
         route: &Route,
         info: &RequestInfo,
         client_gzip: bool,
-        resp: Response<Incoming>,
+        resp: Response<UpstreamBody>,
     ) -> Response<ProxyBody> {
         let resp = encoding::count_received(
             client_response(resp, false),
@@ -521,7 +521,7 @@ impl Pipeline {
         route: &Route,
         req: Request<ProxyBody>,
         deadline: std::time::Duration,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let send = self.upstream.send(server, route.identity, req, deadline);
         if self.edge.is_none() || route.cache.is_none() {
             return send.await;
@@ -543,7 +543,7 @@ impl Pipeline {
     fn note_outcome(
         &self,
         server: &crate::upstream::Server,
-        sent: &Result<Response<Incoming>, ProxyError>,
+        sent: &Result<Response<UpstreamBody>, ProxyError>,
     ) {
         let states = self.upstream.states();
         match sent {
@@ -670,7 +670,7 @@ impl Pipeline {
 /// How the sends of one request went: the last outcome, the outage that ends a watch, and the
 /// server that answered.
 struct Attempts<'s, O> {
-    sent: Result<Response<Incoming>, ProxyError>,
+    sent: Result<Response<UpstreamBody>, ProxyError>,
     outage: Option<O>,
     served_by: Option<&'s Server>,
 }
@@ -842,7 +842,7 @@ fn upstream_request_with(
 }
 
 /// The upstream's response, rewritten for the client hop.
-fn client_response(resp: Response<Incoming>, switching: bool) -> Response<ProxyBody> {
+fn client_response(resp: Response<UpstreamBody>, switching: bool) -> Response<ProxyBody> {
     let (mut parts, incoming) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, switching);
     parts.extensions = http::Extensions::new();

@@ -25,6 +25,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_proxy::body;
 use outpost_proxy::error::ProxyError;
+use outpost_proxy::upstream::UpstreamBody;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -147,7 +148,7 @@ impl PoolSource {
                     let resumable = resp.status().is_success();
                     self.set_current(Some(leader).filter(|_| resumable));
                     return Some(Opened {
-                        resp,
+                        resp: resp.map(UpstreamBody::Http1),
                         ends,
                         wan: false,
                     });

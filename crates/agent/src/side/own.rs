@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use outpost_core::RequestInfo;
 use outpost_core::wire::LineFramer;
 use outpost_proxy::error::{BoxError, ProxyError};
-use outpost_proxy::upstream::{Identity, Server, Upstream};
+use outpost_proxy::upstream::{Identity, Server, Upstream, UpstreamBody};
 use outpost_proxy::{body, encoding};
 
 /// How long one of the hub's own watches lasts before it is opened again.
@@ -145,7 +145,7 @@ impl SharedLists {
 }
 
 /// The `Retry-After` of a 429 (or 503) answer, in seconds as kube-apiserver sends it.
-pub fn retry_after(resp: &http::Response<hyper::body::Incoming>) -> Option<Duration> {
+pub fn retry_after(resp: &http::Response<UpstreamBody>) -> Option<Duration> {
     let status = resp.status();
     if status != http::StatusCode::TOO_MANY_REQUESTS
         && status != http::StatusCode::SERVICE_UNAVAILABLE
@@ -189,7 +189,7 @@ impl OwnGets {
         self,
         upstream: &Upstream,
         path: &str,
-    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+    ) -> Result<http::Response<UpstreamBody>, ProxyError> {
         let server = upstream.pick().ok_or(ProxyError::NoUpstream)?;
         self.send_to(upstream, server, path).await
     }
@@ -200,7 +200,7 @@ impl OwnGets {
         upstream: &Upstream,
         server: &Server,
         path: &str,
-    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+    ) -> Result<http::Response<UpstreamBody>, ProxyError> {
         let mut req = Request::builder()
             .method(Method::GET)
             .uri(path)
@@ -230,7 +230,7 @@ impl OwnGets {
         self,
         upstream: Option<&Upstream>,
         path: &str,
-        resp: http::Response<hyper::body::Incoming>,
+        resp: http::Response<UpstreamBody>,
     ) -> Result<Bytes, ProxyError> {
         let resource = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
             .map(|info| info.resource_label().into_owned())
@@ -250,7 +250,7 @@ impl OwnGets {
 
     pub async fn next_line(
         self,
-        body: &mut hyper::body::Incoming,
+        body: &mut UpstreamBody,
         framer: &mut LineFramer,
     ) -> Result<Option<Bytes>, ProxyError> {
         body::next_line(body, framer)

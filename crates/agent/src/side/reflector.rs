@@ -34,7 +34,7 @@ use super::own::{
 use crate::supervisor::Supervisor;
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::feed::{Handler, ListHead, ListMeta};
-use outpost_proxy::upstream::Upstream;
+use outpost_proxy::upstream::{Upstream, UpstreamBody};
 
 const USER_AGENT: &str = "outpost/side-data";
 /// Events are saved to the cache once the stream has been quiet this long (a burst of Service
@@ -100,7 +100,7 @@ pub trait Source: Send + Sync + 'static {
 
 /// An answer from a [`Source`], and what ends a watch opened with it early.
 pub struct Opened {
-    pub resp: http::Response<hyper::body::Incoming>,
+    pub resp: http::Response<UpstreamBody>,
     pub ends: BoxFuture<'static, Ends>,
     /// Whether it came over the WAN (from the cloud, not a leader hub of the pool): its bytes
     /// are counted as the cloud's.

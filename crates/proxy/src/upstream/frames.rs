@@ -1,8 +1,9 @@
-//! Watches the HTTP/2 frames crossing one upstream connection, headers only, to know what
-//! hyper does not tell: the server's concurrent-stream limit (its SETTINGS), how many of our
-//! streams are open, and whether the server said GOAWAY.
+//! Watches the HTTP/2 frames crossing one upstream connection, headers only, to know what the
+//! pool must decide on before a stream exists: the server's concurrent-stream limit (its
+//! SETTINGS), how many of our streams are open or about to be, whether the server said GOAWAY,
+//! and whether it was heard from lately (the keepalive's PING).
 //!
-//! [`FrameTap`] wraps the TLS stream under hyper's HTTP/2 connection; every byte read or
+//! [`FrameTap`] wraps the TLS stream under the `h2` connection; every byte read or
 //! written is fed to a [`FrameReader`] per direction, which follows the 9-byte frame heads
 //! and skips payloads (a SETTINGS payload excepted). [`Tally`] is what the pool reads.
 //! A stream counts as open from the HEADERS that start it until the server ends it
@@ -12,7 +13,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -130,6 +131,8 @@ pub struct Tally {
     /// connections to one server.
     advertised: Arc<AtomicU32>,
     going_away: AtomicBool,
+    /// Reads that brought bytes from the server: the keepalive's sign of life.
+    reads: AtomicU64,
     /// `outpost_upstream_streams{server}`.
     gauge: IntGauge,
 }
@@ -157,6 +160,7 @@ impl Tally {
             max_streams: AtomicU32::new(initial),
             advertised,
             going_away: AtomicBool::new(false),
+            reads: AtomicU64::new(0),
             gauge,
         })
     }
@@ -189,6 +193,11 @@ impl Tally {
 
     pub fn going_away(&self) -> bool {
         self.going_away.load(Ordering::Relaxed)
+    }
+
+    /// How many reads brought bytes from the server so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     fn sent(&self, head: FrameHead) {
@@ -280,8 +289,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for FrameTap<T> {
         let before = buf.filled().len();
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled {
+        if let Poll::Ready(Ok(())) = &polled
+            && buf.filled().len() > before
+        {
             let tally = &this.tally;
+            tally.reads.fetch_add(1, Ordering::Relaxed);
             this.reads.feed(&buf.filled()[before..], |head, payload| {
                 tally.received(head, payload)
             });

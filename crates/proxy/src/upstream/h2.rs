@@ -1,40 +1,44 @@
 //! HTTP/2 to the apiservers, as client-go speaks it: every request to one server over one
 //! connection, a second one only while the first is at the server's concurrent-stream limit.
 //!
-//! [`H2Client`] holds, per server, the connections it opened by hand with
-//! `hyper::client::conn::http2` (hyper-util's pooled client shares a single HTTP/2 connection per
-//! host and queues requests beyond the server's limit, which would hold a watch back for ever,
-//! and tells nothing about streams). Each connection's frames are followed by
-//! [`super::frames::FrameTap`], so the pool knows the server's limit and the open streams
-//! (`outpost_upstream_streams{server}`).
+//! [`H2Client`] holds, per server, the connections it opened with the `h2` crate (hyper-util's
+//! pooled client shares a single HTTP/2 connection per host and queues requests beyond the
+//! server's limit, which would hold a watch back for ever, and tells nothing about streams).
+//! `h2` is spoken directly rather than through hyper's HTTP/2 client: a request's own task
+//! opens its stream and is woken by its answer, where hyper's client passes each request
+//! through a channel to the connection's task and spawns one more task per request to wait
+//! for its answer. Each connection's frames are followed by [`super::frames::FrameTap`], so
+//! the pool knows the server's limit and the open streams (`outpost_upstream_streams{server}`).
 //!
 //! TLS offers ALPN `h2` and `http/1.1`; a server that picks HTTP/1.1 is remembered and its
 //! requests go to the HTTP/1.1 client ([`Dispatch::Http1`]), as upgrades always do.
 //!
-//! A PING is sent after `--http2-read-idle-timeout-seconds` without a frame from the server
-//! (client-go's `ReadIdleTimeout`); unanswered within `--http2-ping-timeout-seconds` the
-//! connection is closed, which ends every stream on it at once (watches included), and the
-//! server is suspected ([`super::ServerStates::suspect`]): the prober looks at it now. A
-//! connection the server closes or resets is only logged, as a lost HTTP/1.1 one is. A stream
-//! the server refuses (REFUSED_STREAM: not processed) is sent once more when it has no body,
-//! as Go's transport does.
+//! A PING is sent after `--http2-read-idle-timeout-seconds` (one to two such periods) without a
+//! frame from the server (client-go's `ReadIdleTimeout`); unanswered within
+//! `--http2-ping-timeout-seconds` the connection is closed, which ends every stream on it at
+//! once (watches included), and the server is suspected ([`super::ServerStates::suspect`]):
+//! the prober looks at it now. A connection the server closes or resets is only logged, as a
+//! lost HTTP/1.1 one is. A stream the server refuses (REFUSED_STREAM: not processed) is sent
+//! once more when it has no body, as Go's transport does.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ::h2::client::SendRequest;
+use bytes::Bytes;
 use http::{Request, Response, Uri};
 use http_body::Body as _;
-use hyper::body::Incoming;
-use hyper::client::conn::http2::{self, SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http_body_util::BodyExt as _;
+use hyper_util::rt::TokioIo;
 use prometheus::IntGaugeVec;
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 use tracing::{debug, info, warn};
 
 use super::Server;
+use super::answer::{H2Body, UpstreamBody};
 use super::frames::{FrameTap, Reservation, Tally};
 use super::states::ServerStates;
 use crate::body::ProxyBody;
@@ -66,7 +70,7 @@ impl Default for Http2Config {
 /// Where a request goes.
 pub enum Dispatch {
     /// Answered over HTTP/2 (or failed there).
-    Http2(Result<Response<Incoming>, ProxyError>),
+    Http2(Result<Response<UpstreamBody>, ProxyError>),
     /// The server speaks only HTTP/1.1: the request, untouched, for the HTTP/1.1 client.
     Http1(Request<ProxyBody>),
 }
@@ -95,8 +99,10 @@ struct ServerPool {
 
 #[derive(Clone)]
 struct Conn {
-    tx: SendRequest<ProxyBody>,
+    tx: SendRequest<Bytes>,
     tally: Arc<Tally>,
+    /// Set when the connection's task ends.
+    closed: Arc<AtomicBool>,
 }
 
 /// What a dial gave.
@@ -164,19 +170,17 @@ impl H2Client {
         server: &Server,
         pool: &ServerPool,
         mut req: Request<ProxyBody>,
-    ) -> Result<Result<Response<Incoming>, hyper::Error>, Dispatch> {
+    ) -> Result<Result<Response<UpstreamBody>, ::h2::Error>, Dispatch> {
         if pool.http1_only.load(Ordering::Relaxed) {
             return Err(Dispatch::Http1(req));
         }
-        let (mut tx, reservation) = match self.checkout(server, pool).await {
+        let (tx, reservation) = match self.checkout(server, pool).await {
             Ok(Some(taken)) => taken,
             Ok(None) => return Err(Dispatch::Http1(req)),
             Err(e) => return Err(Dispatch::Http2(Err(e))),
         };
         *req.version_mut() = http::Version::HTTP_2;
-        let sent = tx.send_request(req).await;
-        drop(reservation);
-        Ok(sent)
+        Ok(exchange(tx, req, reservation).await)
     }
 
     /// A connection with room for one more stream, dialled if none has; `None` when the
@@ -185,7 +189,7 @@ impl H2Client {
         &self,
         server: &Server,
         pool: &ServerPool,
-    ) -> Result<Option<(SendRequest<ProxyBody>, Reservation)>, ProxyError> {
+    ) -> Result<Option<(SendRequest<Bytes>, Reservation)>, ProxyError> {
         if let Some(taken) = pool.reserve() {
             return Ok(Some(taken));
         }
@@ -239,37 +243,37 @@ impl H2Client {
             self.streams.with_label_values(&[label]),
             pool.advertised.clone(),
         );
-        let io = TokioIo::new(FrameTap::new(tls, tally.clone()));
-        let (tx, connection) = self
-            .builder()
-            .handshake(io)
+        let io = FrameTap::new(tls, tally.clone());
+        let (tx, mut connection) = handshake_builder()
+            .handshake::<_, Bytes>(io)
             .await
             .map_err(|e| unreachable(e.into()))?;
+        let keepalive = connection
+            .ping_pong()
+            .filter(|_| !self.config.read_idle_timeout.is_zero())
+            .map(|pings| keep_alive(pings, self.config, tally.clone()));
+        let closed = Arc::new(AtomicBool::new(false));
+        let ended = closed.clone();
         let states = self.states.clone();
         let server = server.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                warn!(server = %server.label(), error = %e, "HTTP/2 connection failed; its requests and watches end");
-                // A connection the server closed or reset says no more than a lost HTTP/1.1
-                // one did; a PING unanswered says the link may be dead: the prober looks now.
-                if ping_unanswered(&e) {
+            let outcome = drive(connection, keepalive).await;
+            ended.store(true, Ordering::Relaxed);
+            match outcome {
+                Ok(()) => {}
+                Err(ConnectionEnd::PingUnanswered) => {
+                    warn!(server = %server.label(), "HTTP/2 PING unanswered; the connection is closed, its requests and watches end");
+                    // A PING unanswered says the link may be dead: the prober looks now.
                     states.suspect(&server, "HTTP/2 PING unanswered");
+                }
+                // A connection the server closed or reset says no more than a lost HTTP/1.1
+                // one did.
+                Err(ConnectionEnd::Failed(e)) => {
+                    warn!(server = %server.label(), error = %e, "HTTP/2 connection failed; its requests and watches end");
                 }
             }
         });
-        Ok(Dialed::Http2(Conn { tx, tally }))
-    }
-
-    fn builder(&self) -> http2::Builder<TokioExecutor> {
-        let mut builder = http2::Builder::new(TokioExecutor::new());
-        builder.timer(TokioTimer::new());
-        if !self.config.read_idle_timeout.is_zero() {
-            builder
-                .keep_alive_interval(self.config.read_idle_timeout)
-                .keep_alive_timeout(self.config.ping_timeout)
-                .keep_alive_while_idle(true);
-        }
-        builder
+        Ok(Dialed::Http2(Conn { tx, tally, closed }))
     }
 
     /// Open HTTP/2 connections to `server` and the streams open on each (for tests and
@@ -287,7 +291,7 @@ impl H2Client {
 
 impl ServerPool {
     /// A stream on the first usable connection with room; closed connections are dropped.
-    fn reserve(&self) -> Option<(SendRequest<ProxyBody>, Reservation)> {
+    fn reserve(&self) -> Option<(SendRequest<Bytes>, Reservation)> {
         let mut conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         conns.retain(Conn::usable);
         conns
@@ -298,7 +302,158 @@ impl ServerPool {
 
 impl Conn {
     fn usable(&self) -> bool {
-        !self.tx.is_closed() && !self.tally.going_away()
+        !self.closed.load(Ordering::Relaxed) && !self.tally.going_away()
+    }
+}
+
+/// hyper's HTTP/2 client settings, which the hub had before it spoke `h2` directly: windows
+/// of 2 MiB per stream and 5 MiB per connection (a 1 MB LIST is not held up by window
+/// updates), 16 KiB frames and header lists, no server push.
+fn handshake_builder() -> ::h2::client::Builder {
+    let mut builder = ::h2::client::Builder::new();
+    builder
+        .initial_max_send_streams(super::frames::INITIAL_MAX_STREAMS as usize)
+        .initial_window_size(2 * 1024 * 1024)
+        .initial_connection_window_size(5 * 1024 * 1024)
+        .max_frame_size(16 * 1024)
+        .max_header_list_size(16 * 1024)
+        .max_send_buffer_size(1024 * 1024)
+        .max_local_error_reset_streams(Some(1024))
+        .enable_push(false);
+    builder
+}
+
+/// One request on a connection: its stream opened, its body sent, its answer's head awaited. A request whose task is dropped resets its stream.
+async fn exchange(
+    tx: SendRequest<Bytes>,
+    req: Request<ProxyBody>,
+    reservation: Reservation,
+) -> Result<Response<UpstreamBody>, ::h2::Error> {
+    let (parts, body) = req.into_parts();
+    let mut head = Request::from_parts(parts, ());
+    let end_of_stream = body.is_end_stream();
+    if !end_of_stream
+        && let Some(len) = body.size_hint().exact()
+        && !head.headers().contains_key(http::header::CONTENT_LENGTH)
+    {
+        head.headers_mut()
+            .insert(http::header::CONTENT_LENGTH, len.into());
+    }
+    let mut tx = tx.ready().await?;
+    let (answer, stream) = tx.send_request(head, end_of_stream)?;
+    if !end_of_stream {
+        tokio::spawn(send_body(body, stream));
+    }
+    let answer = answer.await;
+    // Held until the answer's head: by then the stream's HEADERS are on the wire and the
+    // tally counts the stream as open (until then the stream is only queued in `h2`, and
+    // a request that found room meanwhile would wait behind the server's limit).
+    drop(reservation);
+    let (parts, recv) = answer?.into_parts();
+    let body = UpstreamBody::Http2(H2Body::new(recv, &parts.headers));
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Sends a request's body on its stream as the server's window allows; a body that fails
+/// resets the stream (the answer then fails, and the pipeline says why).
+async fn send_body(mut body: ProxyBody, mut stream: ::h2::SendStream<Bytes>) {
+    loop {
+        let frame = match body.frame().await {
+            None => {
+                let _ = stream.send_data(Bytes::new(), true);
+                return;
+            }
+            Some(Ok(frame)) => frame,
+            Some(Err(e)) => {
+                debug!(error = %e, "request body failed; resetting its HTTP/2 stream");
+                stream.send_reset(::h2::Reason::CANCEL);
+                return;
+            }
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                let last = body.is_end_stream();
+                if send_data(&mut stream, data, last).await.is_err() || last {
+                    return;
+                }
+            }
+            Err(frame) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    let _ = stream.send_trailers(trailers);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One chunk of a body, in as many frames as the window grants; `last` ends the stream with it.
+async fn send_data(
+    stream: &mut ::h2::SendStream<Bytes>,
+    mut data: Bytes,
+    last: bool,
+) -> Result<(), ::h2::Error> {
+    if data.is_empty() {
+        return stream.send_data(data, last);
+    }
+    while !data.is_empty() {
+        stream.reserve_capacity(data.len());
+        let granted = match std::future::poll_fn(|cx| stream.poll_capacity(cx)).await {
+            Some(granted) => granted?,
+            None => return Err(::h2::Error::from(::h2::Reason::CANCEL)),
+        };
+        let chunk = data.split_to(granted.min(data.len()));
+        stream.send_data(chunk, last && data.is_empty())?;
+    }
+    Ok(())
+}
+
+/// Why a connection's task ended.
+enum ConnectionEnd {
+    PingUnanswered,
+    Failed(::h2::Error),
+}
+
+type Connection = ::h2::client::Connection<
+    FrameTap<tokio_rustls::client::TlsStream<TokioIo<crate::connections::CountedIo>>>,
+    Bytes,
+>;
+
+/// Runs a connection until it ends, or until a PING goes unanswered (the connection is then
+/// dropped, which ends every stream on it).
+async fn drive(
+    connection: Connection,
+    keepalive: Option<impl std::future::Future<Output = ()>>,
+) -> Result<(), ConnectionEnd> {
+    let keepalive = async move {
+        match keepalive {
+            Some(unanswered) => unanswered.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        ended = connection => ended.map_err(ConnectionEnd::Failed),
+        () = keepalive => Err(ConnectionEnd::PingUnanswered),
+    }
+}
+
+/// Resolves when a PING, sent after a read-idle period without a frame from the server, is not
+/// answered within the ping timeout; never while the server is heard from.
+async fn keep_alive(mut pings: ::h2::PingPong, config: Http2Config, tally: Arc<Tally>) {
+    let mut heard = tally.reads();
+    loop {
+        tokio::time::sleep(config.read_idle_timeout).await;
+        let now = tally.reads();
+        if now != heard {
+            heard = now;
+            continue;
+        }
+        match tokio::time::timeout(config.ping_timeout, pings.ping(::h2::Ping::opaque())).await {
+            Ok(Ok(_pong)) => heard = tally.reads(),
+            // The connection itself failed: its own end says why.
+            Ok(Err(_)) => return std::future::pending().await,
+            Err(_unanswered) => return,
+        }
     }
 }
 
@@ -318,20 +473,12 @@ fn server_name(uri: &Uri) -> Result<ServerName<'static>, rustls::pki_types::Inva
     ServerName::try_from(host.to_owned())
 }
 
-/// Whether hyper closed the connection because a keepalive PING went unanswered (its error
-/// type is private; its message is the mark).
-fn ping_unanswered(err: &hyper::Error) -> bool {
-    std::error::Error::source(err).is_some_and(|cause| cause.to_string() == "keep-alive timed out")
-}
-
 /// Whether the server reset the request's stream with REFUSED_STREAM: it did not process the
 /// request (RFC 9113 §8.7), which may go again. Chiefly a burst on a new connection that left
 /// before the server's SETTINGS named its stream limit; by the time the reset is read, the
 /// connection's [`Tally`] has that limit, so the second send finds room or dials.
-fn refused(err: &hyper::Error) -> bool {
-    std::error::Error::source(err)
-        .and_then(|cause| cause.downcast_ref::<::h2::Error>())
-        .is_some_and(|e| e.reason() == Some(::h2::Reason::REFUSED_STREAM))
+fn refused(err: &::h2::Error) -> bool {
+    err.reason() == Some(::h2::Reason::REFUSED_STREAM)
 }
 
 /// The same request without a body, for a second send (extensions are not carried: nothing
@@ -344,19 +491,16 @@ fn bodiless_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
     copy
 }
 
-/// A failed HTTP/2 exchange: a protocol violation in the answer is a bad reply; anything
-/// else (the connection closed or reset, the stream refused or reset, GOAWAY) lost the
-/// connection under the request.
-fn classify_h2_error(server: &Server, err: hyper::Error) -> ProxyError {
-    if err.is_parse() || err.is_parse_status() || err.is_user() {
-        ProxyError::BadReply {
-            server: server.label().to_owned(),
-            cause: Box::new(err),
-        }
-    } else {
-        ProxyError::ConnectionLost {
-            server: server.label().to_owned(),
-            cause: Box::new(err),
-        }
+/// A failed HTTP/2 exchange: a request HTTP/2 cannot carry is the request's fault; anything
+/// else (the connection closed or reset, the stream refused or reset, GOAWAY, a protocol
+/// error in the answer) lost the connection under the request.
+fn classify_h2_error(server: &Server, err: ::h2::Error) -> ProxyError {
+    // A user error (h2 names no reason and no I/O failure): the request broke HTTP/2's rules.
+    if err.reason().is_none() && !err.is_io() {
+        return ProxyError::InvalidRequest(format!("the request cannot go over HTTP/2: {err}"));
+    }
+    ProxyError::ConnectionLost {
+        server: server.label().to_owned(),
+        cause: Box::new(err),
     }
 }

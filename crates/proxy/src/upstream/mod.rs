@@ -18,7 +18,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -33,11 +32,13 @@ use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use h2::{Dispatch, H2Client};
 
+mod answer;
 mod frames;
 pub mod h2;
 mod server;
 pub mod states;
 
+pub use answer::{BodyError, UpstreamBody};
 pub use h2::Http2Config;
 pub use server::{LbMode, Server, ServerAddrError};
 pub use states::ServerStates;
@@ -231,7 +232,7 @@ impl Upstream {
         server: &Server,
         identity: Identity,
         req: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let upgrade = req.headers().contains_key(http::header::UPGRADE);
         let req = match self.http2_for(identity) {
             Some(h2) if !upgrade => match h2.dispatch(server, req).await {
@@ -243,6 +244,7 @@ impl Upstream {
         self.http1_for(identity)
             .request(req)
             .await
+            .map(|resp| resp.map(UpstreamBody::Http1))
             .map_err(|e| classify_client_error(server, e))
     }
 
@@ -301,7 +303,7 @@ impl Upstream {
         identity: Identity,
         mut req: Request<ProxyBody>,
         deadline: Duration,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         // Cloned, not parsed again: the client's path and query are already checked.
         let path_and_query = req
             .uri()
@@ -349,7 +351,7 @@ pub enum OwnCallError {
         path: String,
     },
     #[error(transparent)]
-    Body(#[from] hyper::Error),
+    Body(#[from] BodyError),
 }
 
 impl Upstream {
