@@ -13,8 +13,8 @@
 //! TLS offers ALPN `h2` and `http/1.1`; a server that picks HTTP/1.1 is remembered and its
 //! requests go to the HTTP/1.1 client ([`Dispatch::Http1`]), as upgrades always do.
 //!
-//! A PING is sent after `--http2-read-idle-timeout-seconds` (one to two such periods) without a
-//! frame from the server (client-go's `ReadIdleTimeout`); unanswered within
+//! A PING is sent after `--http2-read-idle-timeout-seconds` (to within a quarter of it) without
+//! a frame from the server (client-go's `ReadIdleTimeout`); unanswered within
 //! `--http2-ping-timeout-seconds` the connection is closed, which ends every stream on it at
 //! once (watches included), and the server is suspected ([`super::ServerStates::suspect`]):
 //! the prober looks at it now. A connection the server closes or resets is only logged, as a
@@ -438,18 +438,29 @@ async fn drive(
 }
 
 /// Resolves when a PING, sent after a read-idle period without a frame from the server, is not
-/// answered within the ping timeout; never while the server is heard from.
+/// answered within the ping timeout; never while the server is heard from. The reads are looked
+/// at every quarter of the period, so the PING leaves at most a quarter period late (a clock
+/// read per quarter period rather than one per read from the socket).
 async fn keep_alive(mut pings: ::h2::PingPong, config: Http2Config, tally: Arc<Tally>) {
+    let idle = config.read_idle_timeout;
     let mut heard = tally.reads();
+    let mut quiet_since = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(config.read_idle_timeout).await;
-        let now = tally.reads();
-        if now != heard {
-            heard = now;
+        tokio::time::sleep(idle / 4).await;
+        let reads = tally.reads();
+        if reads != heard {
+            heard = reads;
+            quiet_since = tokio::time::Instant::now();
+            continue;
+        }
+        if quiet_since.elapsed() < idle {
             continue;
         }
         match tokio::time::timeout(config.ping_timeout, pings.ping(::h2::Ping::opaque())).await {
-            Ok(Ok(_pong)) => heard = tally.reads(),
+            Ok(Ok(_pong)) => {
+                heard = tally.reads();
+                quiet_since = tokio::time::Instant::now();
+            }
             // The connection itself failed: its own end says why.
             Ok(Err(_)) => return std::future::pending().await,
             Err(_unanswered) => return,
