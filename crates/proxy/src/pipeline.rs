@@ -843,10 +843,10 @@ fn upstream_request_with(
 
 /// The upstream's response, rewritten for the client hop.
 fn client_response(resp: Response<UpstreamBody>, switching: bool) -> Response<ProxyBody> {
-    let (mut parts, incoming) = resp.into_parts();
+    let (mut parts, answer) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, switching);
     parts.extensions = http::Extensions::new();
-    Response::from_parts(parts, body::stream(incoming))
+    Response::from_parts(parts, body::stream(answer))
 }
 
 /// A proxied watch ends when its apiserver turns unhealthy

@@ -323,7 +323,8 @@ fn handshake_builder() -> ::h2::client::Builder {
     builder
 }
 
-/// One request on a connection: its stream opened, its body sent, its answer's head awaited. A request whose task is dropped resets its stream.
+/// One request on a connection: its stream opened, its body sent, its answer's head awaited.
+/// A request whose task is dropped resets its stream.
 async fn exchange(
     tx: SendRequest<Bytes>,
     req: Request<ProxyBody>,
