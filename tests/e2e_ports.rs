@@ -19,11 +19,29 @@ async fn requests_with_distinct_agents(
     path: &str,
     count: usize,
 ) -> usize {
+    let answers = keep_alive_gets(addr, count, |i| {
+        (path.to_owned(), format!("agent-{i}/v1.0"))
+    });
+    answers
+        .await
+        .iter()
+        .filter(|status| **status == 200)
+        .count()
+}
+
+/// One keep-alive connection sending `count` GETs, the `i`th of `request(i)`'s path with its
+/// User-Agent; returns each answer's status code.
+async fn keep_alive_gets(
+    addr: std::net::SocketAddr,
+    count: usize,
+    request: impl Fn(usize) -> (String, String),
+) -> Vec<u16> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut ok = 0;
+    let mut statuses = Vec::with_capacity(count);
     for i in 0..count {
+        let (path, agent) = request(i);
         let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: agent-{i}/v1.0\r\nAccept: application/json\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: x\r\nUser-Agent: {agent}\r\nAccept: application/json\r\n\r\n"
         );
         stream.write_all(req.as_bytes()).await.expect("write");
         let head = support::read_head(&mut stream).await;
@@ -37,9 +55,10 @@ async fn requests_with_distinct_agents(
             .unwrap_or_else(|| panic!("no content-length in {head}"));
         let mut body = vec![0; length];
         stream.read_exact(&mut body).await.expect("body");
-        ok += usize::from(head.starts_with("HTTP/1.1 200"));
+        let status = head.get(9..12).and_then(|code| code.parse().ok());
+        statuses.push(status.unwrap_or_else(|| panic!("no status in {head}")));
     }
-    ok
+    statuses
 }
 
 /// Item 10: 2,000 User-Agents add no series: per-request metrics label unknown components
@@ -72,6 +91,48 @@ async fn metric_labels_do_not_grow_with_the_user_agent() {
         "known components keep their label: {text}"
     );
     // Counters change value, not size, beyond a few digits.
+    assert!(
+        text.len() < before + 1_024,
+        "/metrics grew from {before} to {} bytes",
+        text.len()
+    );
+}
+
+/// 2,000 paths of resources and subresources no one serves add no series either: the apiserver
+/// refuses them (the node authorizer, before it would answer 404), and per-request metrics
+/// label the names they do not know `other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_labels_do_not_grow_with_the_path() {
+    let cluster = Cluster::start().await;
+    let hub = cluster.start_hub();
+    let pod = "/api/v1/namespaces/default/pods/web";
+    let paths = |i: usize| match i % 2 {
+        0 => format!("/api/v1/zz{i}"),
+        _ => format!("{pod}/zz{i}"),
+    };
+    let kubelet = |i| (paths(i), KUBELET_UA.to_owned());
+    assert_eq!(keep_alive_gets(hub.proxy, 2, kubelet).await, [403, 403]);
+    let before = support::metrics_text(&hub).await.len();
+
+    let statuses = keep_alive_gets(hub.proxy, 2_000, |i| (paths(i + 2), KUBELET_UA.to_owned()));
+    assert!(statuses.await.iter().all(|status| *status == 403));
+    let text = support::metrics_text(&hub).await;
+    assert!(!text.contains("zz1999"), "a path became a label value");
+    for (resource, subresource) in [("other", ""), ("pods", "other")] {
+        let joined = match subresource {
+            "" => resource.to_owned(),
+            sub => format!("{resource}/{sub}"),
+        };
+        let requests = format!(
+            r#"outpost_requests_total{{code="403",component="kubelet",resource="{joined}",verb="{}"}}"#,
+            if subresource.is_empty() {
+                "list"
+            } else {
+                "get"
+            }
+        );
+        assert_eq!(support::sample(&text, &requests), Some(1_001.0), "{text}");
+    }
     assert!(
         text.len() < before + 1_024,
         "/metrics grew from {before} to {} bytes",

@@ -1,7 +1,8 @@
 //! Prometheus metrics of the proxy, registered in an explicit registry (no global state).
 //!
 //! Names carry the `outpost_` prefix. The `component` label is yurthub's component (User-Agent up to
-//! the first `/`), not the full User-Agent, and only for known components ([`component_label`]),
+//! the first `/`), not the full User-Agent, and only for known components ([`component_label`]);
+//! `resource` and `subresource` only for known names ([`resource_labels`]),
 //! to keep cardinality bounded. yurthub's own names
 //! (`node_yurthub_*`, `openyurt_version_info`) are derived from these at scrape time
 //! ([`yurthub_families`]), so that dashboards and alerts written for yurthub keep working.
@@ -481,6 +482,142 @@ pub fn component_label(component: Option<&str>) -> &'static str {
     }
 }
 
+/// The resources per-request metrics name, sorted (for [`resource_labels`]' binary search);
+/// any other counts as `other`. The path is the client's to choose, so a label taken from it
+/// as sent lets any client that reaches the hub add series without bound (six per new name).
+/// Listed: what Kubernetes serves (API groups up to 1.33) and OpenYurt's own resources;
+/// custom resources of other projects count as `other`.
+const KNOWN_RESOURCES: &[&str] = &[
+    "apiservices",
+    "bindings",
+    "certificatesigningrequests",
+    "clusterrolebindings",
+    "clusterroles",
+    "clustertrustbundles",
+    "componentstatuses",
+    "configmaps",
+    "controllerrevisions",
+    "cronjobs",
+    "csidrivers",
+    "csinodes",
+    "csistoragecapacities",
+    "customresourcedefinitions",
+    "daemonsets",
+    "deployments",
+    "deviceclasses",
+    "endpoints",
+    "endpointslices",
+    "events",
+    "flowschemas",
+    "gateways",
+    "horizontalpodautoscalers",
+    "ingressclasses",
+    "ingresses",
+    "ipaddresses",
+    "jobs",
+    "leases",
+    "limitranges",
+    "localsubjectaccessreviews",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+    "mutatingwebhookconfigurations",
+    "namespaces",
+    "networkpolicies",
+    "nodebuckets",
+    "nodepools",
+    "nodes",
+    "persistentvolumeclaims",
+    "persistentvolumes",
+    "platformadmins",
+    "poddisruptionbudgets",
+    "pods",
+    "podtemplates",
+    "priorityclasses",
+    "prioritylevelconfigurations",
+    "replicasets",
+    "replicationcontrollers",
+    "resourceclaims",
+    "resourceclaimtemplates",
+    "resourcequotas",
+    "resourceslices",
+    "rolebindings",
+    "roles",
+    "runtimeclasses",
+    "secrets",
+    "selfsubjectaccessreviews",
+    "selfsubjectreviews",
+    "selfsubjectrulesreviews",
+    "serviceaccounts",
+    "servicecidrs",
+    "services",
+    "statefulsets",
+    "storageclasses",
+    "storageversionmigrations",
+    "subjectaccessreviews",
+    "tokenreviews",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "validatingwebhookconfigurations",
+    "volumeattachments",
+    "volumeattributesclasses",
+    "yurtappdaemons",
+    "yurtappsets",
+    "yurtstaticsets",
+];
+
+/// The subresources per-request metrics name, sorted; any other counts as `other`.
+const KNOWN_SUBRESOURCES: &[&str] = &[
+    "approval",
+    "attach",
+    "binding",
+    "ephemeralcontainers",
+    "eviction",
+    "exec",
+    "finalize",
+    "log",
+    "portforward",
+    "proxy",
+    "resize",
+    "scale",
+    "status",
+    "token",
+];
+
+/// The `resource` and `subresource` labels of one request, bounded as [`component_label`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceLabels {
+    /// The resource if known ([`KNOWN_RESOURCES`]), empty for a path with none, else `other`.
+    pub resource: &'static str,
+    /// The subresource if known ([`KNOWN_SUBRESOURCES`]), empty when none, else `other`.
+    pub subresource: &'static str,
+}
+
+impl ResourceLabels {
+    /// `pods`, `pods/status`: the joined label of the families that have one `resource` label.
+    pub fn joined(self) -> std::borrow::Cow<'static, str> {
+        if self.subresource.is_empty() {
+            self.resource.into()
+        } else {
+            format!("{}/{}", self.resource, self.subresource).into()
+        }
+    }
+}
+
+/// The bounded labels of `info`'s resource and subresource. Logs keep the names as sent.
+pub fn resource_labels(info: &outpost_core::RequestInfo) -> ResourceLabels {
+    ResourceLabels {
+        resource: known_or_other(KNOWN_RESOURCES, &info.resource),
+        subresource: known_or_other(KNOWN_SUBRESOURCES, &info.subresource),
+    }
+}
+
+fn known_or_other(known: &'static [&'static str], name: &str) -> &'static str {
+    if name.is_empty() {
+        return "";
+    }
+    known.binary_search(&name).map_or("other", |at| known[at])
+}
+
 /// yurthub's metrics (`pkg/yurthub/metrics`), from the outpost families they correspond to:
 /// server health, requests in flight and their total, response bytes, whether the cache can
 /// persist, and the build. The multiplexer's and the connection tracker's have no counterpart.
@@ -686,6 +823,52 @@ mod tests {
             .flat_map(|f| f.default_components().iter());
         for component in crate::edge::policy::DEFAULT_AGENTS.iter().chain(filters) {
             assert_eq!(component_label(Some(component)), *component);
+        }
+    }
+
+    #[test]
+    fn known_names_are_sorted_for_the_binary_search() {
+        for known in [KNOWN_RESOURCES, KNOWN_SUBRESOURCES] {
+            assert!(known.windows(2).all(|w| w[0] < w[1]), "{known:?}");
+        }
+    }
+
+    fn labels_of(path: &str) -> ResourceLabels {
+        let info = outpost_core::RequestInfo::classify(&http::Method::GET, path, None).unwrap();
+        resource_labels(&info)
+    }
+
+    #[test]
+    fn resource_labels_are_known_names_then_other() {
+        let known = labels_of("/api/v1/namespaces/default/pods/web/status");
+        assert_eq!((known.resource, known.subresource), ("pods", "status"));
+        assert_eq!(known.joined(), "pods/status");
+        assert_eq!(
+            labels_of("/apis/apps.openyurt.io/v1beta1/nodepools").joined(),
+            "nodepools"
+        );
+        let unknown = labels_of("/api/v1/namespaces/default/pods/web/zz1");
+        assert_eq!((unknown.resource, unknown.subresource), ("pods", "other"));
+        assert_eq!(labels_of("/apis/example.com/v1/widgets").joined(), "other");
+        assert_eq!(labels_of("/version").joined(), "");
+    }
+
+    /// Every resource the hub treats in a way of its own has its own label.
+    #[test]
+    fn every_resource_the_hub_knows_of_is_labelled() {
+        let filtered = outpost_filter::filters::ALL
+            .iter()
+            .flat_map(|f| f.rules().iter().map(|rule| rule.resource));
+        let own = [
+            "leases",
+            "nodes",
+            "pods",
+            "events",
+            "serviceaccounts",
+            "services",
+        ];
+        for resource in filtered.chain(own) {
+            assert!(KNOWN_RESOURCES.contains(&resource), "{resource}");
         }
     }
 }

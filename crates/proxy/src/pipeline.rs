@@ -51,7 +51,7 @@ use crate::encoding;
 use crate::error::ProxyError;
 use crate::filtering::Filtering;
 use crate::headers;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ResourceLabels};
 use crate::multiplexer::Multiplexer;
 use crate::objects;
 use crate::route::{self, Route, Serve};
@@ -421,7 +421,7 @@ impl Pipeline {
         let resp = encoding::count_received(
             client_response(resp, false),
             &self.metrics.upstream_received_bytes,
-            &info.resource_label(),
+            &crate::metrics::resource_labels(info).joined(),
         );
         let read_here = route.cache.is_some() || route.filter.is_some();
         encoding::decode(resp, read_here, client_gzip)
@@ -639,17 +639,18 @@ impl Pipeline {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "request"
         );
+        let labels = info.map(crate::metrics::resource_labels);
+        let joined = labels.map(ResourceLabels::joined).unwrap_or_default();
         self.metrics
             .requests
-            .with_label_values(&[component_label, verb, resource, status.as_str()])
+            .with_label_values(&[component_label, verb, &joined, status.as_str()])
             .inc();
         crate::work::note_work();
         self.metrics
             .latency
             .with_label_values(&[verb])
             .observe(started.elapsed().as_secs_f64());
-        let (resource, subresource) =
-            info.map_or(("", ""), |i| (i.resource.as_str(), i.subresource.as_str()));
+        let (resource, subresource) = labels.map_or(("", ""), |l| (l.resource, l.subresource));
         let bytes = self.metrics.response_bytes.with_label_values(&[
             component_label,
             verb,
@@ -899,11 +900,12 @@ struct InFlight(prometheus::IntGauge);
 
 impl InFlight {
     fn enter(metrics: &Metrics, info: &RequestInfo) -> InFlight {
+        let labels = crate::metrics::resource_labels(info);
         let gauge = metrics.in_flight.with_label_values(&[
             crate::metrics::component_label(info.component.as_deref()),
             info.verb.as_str(),
-            info.resource.as_str(),
-            info.subresource.as_str(),
+            labels.resource,
+            labels.subresource,
         ]);
         gauge.inc();
         InFlight(gauge)

@@ -233,7 +233,7 @@ impl OwnGets {
         resp: http::Response<UpstreamBody>,
     ) -> Result<Bytes, ProxyError> {
         let resource = RequestInfo::classify(&Method::GET, path, Some(self.user_agent))
-            .map(|info| info.resource_label().into_owned())
+            .map(|info| outpost_proxy::metrics::resource_labels(&info).joined())
             .unwrap_or_default();
         let (parts, body) = resp.into_parts();
         let bytes = body
