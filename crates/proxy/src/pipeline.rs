@@ -105,8 +105,9 @@ impl Pipeline {
                 }
             },
         };
-        let in_flight = InFlight::enter(&self.metrics, &info);
-        let (req, exchange) = self.exchange(req, &info, started);
+        let labels = crate::metrics::resource_labels(&info);
+        let in_flight = InFlight::enter(&self.metrics, &info, labels);
+        let (req, exchange) = self.exchange(req, &info, started, labels);
         let mut route = route::decide(
             &info,
             req.headers(),
@@ -172,6 +173,7 @@ impl Pipeline {
         req: Request<Incoming>,
         info: &RequestInfo,
         started: Instant,
+        labels: ResourceLabels,
     ) -> (Request<body::RequestBody>, Exchange) {
         let length = self.upstream.header_deadline(info.query.timeout);
         let deadline =
@@ -183,6 +185,7 @@ impl Pipeline {
             length,
             client_body,
             client_gzip: encoding::accepts_gzip(&parts.headers),
+            labels,
         };
         (Request::from_parts(parts, body), exchange)
     }
@@ -373,7 +376,7 @@ impl Pipeline {
             self.judge_token(token, resp.status());
         }
         let Some(edge) = &self.edge else {
-            let resp = self.received(&route, info, exchange.client_gzip, sent?);
+            let resp = self.received(&route, exchange, sent?);
             return Ok(ended_by(outage, exchange.bound(resp, served_by)));
         };
         let fall_back = match &sent {
@@ -401,7 +404,7 @@ impl Pipeline {
                 return cached;
             }
         }
-        let resp = self.received(&route, info, exchange.client_gzip, sent?);
+        let resp = self.received(&route, exchange, sent?);
         let resp = ended_by(outage, exchange.bound(resp, served_by));
         Ok(match &route.cache {
             Some(plan) => edge.tee(plan, resp),
@@ -414,17 +417,16 @@ impl Pipeline {
     fn received(
         &self,
         route: &Route,
-        info: &RequestInfo,
-        client_gzip: bool,
+        exchange: &Exchange,
         resp: Response<UpstreamBody>,
     ) -> Response<ProxyBody> {
         let resp = encoding::count_received(
             client_response(resp, false),
             &self.metrics.upstream_received_bytes,
-            &crate::metrics::resource_labels(info).joined(),
+            &exchange.labels.joined(),
         );
         let read_here = route.cache.is_some() || route.filter.is_some();
-        encoding::decode(resp, read_here, client_gzip)
+        encoding::decode(resp, read_here, exchange.client_gzip)
     }
 
     /// Sends the request: a read that fails to reach one server is retried on another healthy
@@ -639,7 +641,10 @@ impl Pipeline {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "request"
         );
-        let labels = info.map(crate::metrics::resource_labels);
+        let labels = match &in_flight {
+            Some(in_flight) => Some(in_flight.labels),
+            None => info.map(crate::metrics::resource_labels),
+        };
         let joined = labels.map(ResourceLabels::joined).unwrap_or_default();
         self.metrics
             .requests
@@ -686,6 +691,8 @@ struct Exchange {
     client_body: body::ClientBody,
     /// The client's `Accept-Encoding` takes gzip ([`encoding`]).
     client_gzip: bool,
+    /// The request's metric labels, looked up once ([`crate::metrics::resource_labels`]).
+    labels: ResourceLabels,
 }
 
 impl Exchange {
@@ -896,11 +903,14 @@ async fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnU
 }
 
 /// Decrements the in-flight gauge when the response (or its stream) is finished or dropped.
-struct InFlight(prometheus::IntGauge);
+struct InFlight {
+    gauge: prometheus::IntGauge,
+    /// The request's labels, for the families counted at its end.
+    labels: ResourceLabels,
+}
 
 impl InFlight {
-    fn enter(metrics: &Metrics, info: &RequestInfo) -> InFlight {
-        let labels = crate::metrics::resource_labels(info);
+    fn enter(metrics: &Metrics, info: &RequestInfo, labels: ResourceLabels) -> InFlight {
         let gauge = metrics.in_flight.with_label_values(&[
             crate::metrics::component_label(info.component.as_deref()),
             info.verb.as_str(),
@@ -908,13 +918,13 @@ impl InFlight {
             labels.subresource,
         ]);
         gauge.inc();
-        InFlight(gauge)
+        InFlight { gauge, labels }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.dec();
+        self.gauge.dec();
     }
 }
 
