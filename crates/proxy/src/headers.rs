@@ -23,10 +23,23 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 
 /// Whether one item of an `Accept` or `Accept-Encoding` list (`gzip;q=0`) refuses what it names.
 pub fn quality_is_zero(item: &str) -> bool {
-    item.split(';')
-        .skip(1)
-        .filter_map(|p| p.trim().strip_prefix("q="))
-        .any(|q| q.trim().parse::<f32>().is_ok_and(|q| q == 0.0))
+    parameters(item)
+        .filter(|(name, _)| *name == "q")
+        .any(|(_, q)| q.parse::<f32>().is_ok_and(|q| q == 0.0))
+}
+
+/// Whether a media type or one item of an `Accept` list has the parameter `name`
+/// (`application/json;as=Table`: `as`), names compared as HTTP compares them, case aside.
+pub fn has_parameter(item: &str, name: &str) -> bool {
+    parameters(item).any(|(n, _)| n.eq_ignore_ascii_case(name))
+}
+
+/// The `name=value` parameters after a media type or list item's first `;`, trimmed.
+fn parameters(item: &str) -> impl Iterator<Item = (&str, &str)> {
+    item.split(';').skip(1).filter_map(|p| {
+        let (name, value) = p.split_once('=')?;
+        Some((name.trim(), value.trim()))
+    })
 }
 
 /// Whether the request asks to switch protocols (SPDY or websocket).

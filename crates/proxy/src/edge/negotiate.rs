@@ -10,7 +10,7 @@
 use http::HeaderMap;
 use http::header::{self, HeaderValue};
 
-use crate::headers::quality_is_zero;
+use crate::headers::{has_parameter, quality_is_zero};
 
 /// Whether the `Accept` header allows a plain JSON body (absent and `*/*` do).
 pub fn accepts_json(headers: &HeaderMap) -> bool {
@@ -23,7 +23,7 @@ pub fn accepts_json(headers: &HeaderMap) -> bool {
     accept.split(',').any(|item| {
         let media = item.split(';').next().unwrap_or("").trim();
         matches!(media, "application/json" | "application/*" | "*/*" | "")
-            && !item.contains("as=")
+            && !has_parameter(item, "as")
             && !quality_is_zero(item)
     })
 }
@@ -45,7 +45,7 @@ pub fn is_plain_json(headers: &HeaderMap) -> bool {
     let identity = headers
         .get(header::CONTENT_ENCODING)
         .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    media.eq_ignore_ascii_case("application/json") && !content_type.contains("as=") && identity
+    media.eq_ignore_ascii_case("application/json") && !has_parameter(content_type, "as") && identity
 }
 
 #[cfg(test)]
@@ -66,6 +66,20 @@ mod tests {
         assert!(accepts_json(&HeaderMap::new()));
         assert!(accepts_json(&accept("*/*")));
         assert!(accepts_json(&accept("application/json;q=0.9")));
+    }
+
+    /// `as` is a parameter, matched by name: in any case, with spaces around it, and not as
+    /// the end of another parameter's name.
+    #[test]
+    fn a_table_is_asked_for_by_its_parameter_only() {
+        assert!(!accepts_json(&accept(
+            "application/json; AS=Table; v=v1; g=meta.k8s.io"
+        )));
+        assert!(accepts_json(&accept("application/json;alias=x")));
+        let mut headers = HeaderMap::new();
+        let table = "application/json; As=Table;v=v1;g=meta.k8s.io";
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(table));
+        assert!(!is_plain_json(&headers));
     }
 
     #[test]
