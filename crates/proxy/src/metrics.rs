@@ -482,105 +482,106 @@ pub fn component_label(component: Option<&str>) -> &'static str {
     }
 }
 
-/// The resources per-request metrics name, sorted (for [`resource_labels`]' binary search);
+/// The resources per-request metrics name, in [`by_length_then_bytes`] order;
 /// any other counts as `other`. The path is the client's to choose, so a label taken from it
 /// as sent lets any client that reaches the hub add series without bound (six per new name).
 /// Listed: what Kubernetes serves (API groups up to 1.33) and OpenYurt's own resources;
 /// custom resources of other projects count as `other`.
 const KNOWN_RESOURCES: &[&str] = &[
-    "apiservices",
-    "bindings",
-    "certificatesigningrequests",
-    "clusterrolebindings",
-    "clusterroles",
-    "clustertrustbundles",
-    "componentstatuses",
-    "configmaps",
-    "controllerrevisions",
-    "cronjobs",
-    "csidrivers",
-    "csinodes",
-    "csistoragecapacities",
-    "customresourcedefinitions",
-    "daemonsets",
-    "deployments",
-    "deviceclasses",
-    "endpoints",
-    "endpointslices",
-    "events",
-    "flowschemas",
-    "gateways",
-    "horizontalpodautoscalers",
-    "ingressclasses",
-    "ingresses",
-    "ipaddresses",
     "jobs",
-    "leases",
-    "limitranges",
-    "localsubjectaccessreviews",
-    "mutatingadmissionpolicies",
-    "mutatingadmissionpolicybindings",
-    "mutatingwebhookconfigurations",
-    "namespaces",
-    "networkpolicies",
-    "nodebuckets",
-    "nodepools",
-    "nodes",
-    "persistentvolumeclaims",
-    "persistentvolumes",
-    "platformadmins",
-    "poddisruptionbudgets",
     "pods",
-    "podtemplates",
-    "priorityclasses",
-    "prioritylevelconfigurations",
+    "nodes",
+    "roles",
+    "events",
+    "leases",
+    "secrets",
+    "bindings",
+    "cronjobs",
+    "csinodes",
+    "gateways",
+    "services",
+    "endpoints",
+    "ingresses",
+    "nodepools",
+    "configmaps",
+    "csidrivers",
+    "daemonsets",
+    "namespaces",
+    "apiservices",
+    "deployments",
+    "flowschemas",
+    "ipaddresses",
+    "limitranges",
+    "nodebuckets",
     "replicasets",
-    "replicationcontrollers",
+    "yurtappsets",
+    "clusterroles",
+    "podtemplates",
+    "rolebindings",
+    "servicecidrs",
+    "statefulsets",
+    "tokenreviews",
+    "deviceclasses",
+    "endpointslices",
+    "ingressclasses",
+    "platformadmins",
     "resourceclaims",
-    "resourceclaimtemplates",
     "resourcequotas",
     "resourceslices",
-    "rolebindings",
-    "roles",
     "runtimeclasses",
-    "secrets",
-    "selfsubjectaccessreviews",
-    "selfsubjectreviews",
-    "selfsubjectrulesreviews",
-    "serviceaccounts",
-    "servicecidrs",
-    "services",
-    "statefulsets",
     "storageclasses",
-    "storageversionmigrations",
-    "subjectaccessreviews",
-    "tokenreviews",
-    "validatingadmissionpolicies",
-    "validatingadmissionpolicybindings",
-    "validatingwebhookconfigurations",
-    "volumeattachments",
-    "volumeattributesclasses",
     "yurtappdaemons",
-    "yurtappsets",
     "yurtstaticsets",
+    "networkpolicies",
+    "priorityclasses",
+    "serviceaccounts",
+    "componentstatuses",
+    "persistentvolumes",
+    "volumeattachments",
+    "selfsubjectreviews",
+    "clusterrolebindings",
+    "clustertrustbundles",
+    "controllerrevisions",
+    "csistoragecapacities",
+    "poddisruptionbudgets",
+    "subjectaccessreviews",
+    "persistentvolumeclaims",
+    "replicationcontrollers",
+    "resourceclaimtemplates",
+    "selfsubjectrulesreviews",
+    "volumeattributesclasses",
+    "horizontalpodautoscalers",
+    "selfsubjectaccessreviews",
+    "storageversionmigrations",
+    "customresourcedefinitions",
+    "localsubjectaccessreviews",
+    "mutatingadmissionpolicies",
+    "certificatesigningrequests",
+    "prioritylevelconfigurations",
+    "validatingadmissionpolicies",
+    "mutatingwebhookconfigurations",
+    "mutatingadmissionpolicybindings",
+    "validatingwebhookconfigurations",
+    "validatingadmissionpolicybindings",
 ];
 
-/// The subresources per-request metrics name, sorted; any other counts as `other`.
+/// The subresources per-request metrics name, in [`by_length_then_bytes`] order; any other
+/// counts as `other`.
 const KNOWN_SUBRESOURCES: &[&str] = &[
-    "approval",
-    "attach",
-    "binding",
-    "ephemeralcontainers",
-    "eviction",
-    "exec",
-    "finalize",
     "log",
-    "portforward",
+    "exec",
     "proxy",
-    "resize",
     "scale",
-    "status",
     "token",
+    "attach",
+    "resize",
+    "status",
+    "binding",
+    "approval",
+    "eviction",
+    "finalize",
+    "portforward",
+    "ephemeralcontainers",
 ];
 
 /// The `resource` and `subresource` labels of one request, bounded as [`component_label`] is.
@@ -615,7 +616,15 @@ fn known_or_other(known: &'static [&'static str], name: &str) -> &'static str {
     if name.is_empty() {
         return "";
     }
-    known.binary_search(&name).map_or("other", |at| known[at])
+    known
+        .binary_search_by(|k| by_length_then_bytes(k, name))
+        .map_or("other", |at| known[at])
+}
+
+/// The order of the known names: most probes of a search end at the lengths, without comparing
+/// bytes.
+fn by_length_then_bytes(a: &str, b: &str) -> std::cmp::Ordering {
+    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
 }
 
 /// yurthub's metrics (`pkg/yurthub/metrics`), from the outpost families they correspond to:
@@ -827,9 +836,10 @@ mod tests {
     }
 
     #[test]
-    fn known_names_are_sorted_for_the_binary_search() {
+    fn known_names_are_ordered_for_the_binary_search() {
         for known in [KNOWN_RESOURCES, KNOWN_SUBRESOURCES] {
-            assert!(known.windows(2).all(|w| w[0] < w[1]), "{known:?}");
+            let ordered = |w: &[&str]| by_length_then_bytes(w[0], w[1]).is_lt();
+            assert!(known.windows(2).all(ordered), "{known:?}");
         }
     }
 
