@@ -365,6 +365,28 @@ async fn streams_refused_on_a_new_connection_are_sent_again() {
     );
 }
 
+/// kube-apiserver's `--goaway-chance`, and its shutdown, have Go's HTTP/2 server send one
+/// GOAWAY naming the last stream it took; the streams whose HEADERS crossed it on the wire are
+/// never answered (RFC 9113 §6.8: not processed). Each is sent again on a new connection
+/// instead of failing the client: every watch of a burst that crossed a GOAWAY opens and sees
+/// the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_that_crossed_a_goaway_are_sent_again() {
+    let cluster = Cluster::start().await;
+    let relay = Relay::with_latency(cluster.fake.addr(), Duration::from_millis(100)).await;
+    let hub = cluster.start_hub_with_flags(&[&format!("--server-addr=https://{}", relay.addr)]);
+    support::wait_online(&hub).await;
+    cluster.fake.go_away_after_streams(1);
+    let burst = (0..8).map(|_| open_pod_watch(&hub));
+    let mut watches = futures_util::future::join_all(burst).await;
+    every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch of the burst").await;
+    assert!(
+        hub.log_text()
+            .contains("the apiserver went away before this stream; sending it once more"),
+        "the burst crossed the GOAWAY (else this test shows nothing)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ping_unanswered_ends_the_watches_of_a_dead_connection_at_once() {
     let cluster = Cluster::start().await;

@@ -50,6 +50,7 @@ mod csr;
 mod csr_controller;
 mod discovery;
 pub mod full_node;
+mod goaway;
 mod graph;
 mod handlers;
 mod kubeconfig;

@@ -467,6 +467,14 @@ impl FakeApiServer {
         self.shared.faults.set_retry_after(seconds);
     }
 
+    /// Goes away, as Go's HTTP/2 server does under kube-apiserver's `--goaway-chance`, on the
+    /// next connection where the client opens `streams` more streams: one GOAWAY naming the
+    /// last of them, and the streams the client opened before it heard ignored, never
+    /// answered. Takes a link with latency (the testkit's relay) for streams to cross it.
+    pub fn go_away_after_streams(&self, streams: u32) {
+        self.shared.go_away.after_streams(streams);
+    }
+
     /// Closes the connection of the next `times` requests whose path starts with `prefix` once
     /// each is read, without answering, as a link that drops an exchange does (a NAT that forgot
     /// the connection, a reset on the way); new connections and other requests work.
@@ -682,10 +690,11 @@ async fn serve_connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpSt
     stats.set_version(version);
     let max_streams = shared.config.http2_max_streams;
     let conn = Arc::new(ConnInfo { peer_certs, stats });
+    let go_away = shared.go_away.clone();
     let service = service_fn(move |req| router::serve(shared.clone(), conn.clone(), req));
-    let io = TokioIo::new(tls);
     let _ = match version {
         HttpVersion::Http2 => {
+            let io = TokioIo::new(crate::goaway::GoAwayTap::new(tls, go_away));
             http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(max_streams)
@@ -693,6 +702,7 @@ async fn serve_connection(shared: Arc<Shared>, acceptor: TlsAcceptor, tcp: TcpSt
                 .await
         }
         HttpVersion::Http1 => {
+            let io = TokioIo::new(tls);
             http1::Builder::new()
                 .timer(TokioTimer::new())
                 .serve_connection(io, service)

@@ -225,6 +225,8 @@ pub(crate) struct Shared {
     /// Bumped by `cut_watches`; every open watch aborts its stream when it changes.
     pub cut: watch::Sender<u64>,
     pub addr: SocketAddr,
+    /// When an HTTP/2 connection goes away as Go's server does ([`crate::goaway`]).
+    pub go_away: std::sync::Arc<crate::goaway::GoAway>,
 }
 
 impl Shared {
@@ -238,6 +240,7 @@ impl Shared {
             connections: ConnectionLog::default(),
             cut: watch::channel(0).0,
             addr,
+            go_away: Default::default(),
         }
     }
 

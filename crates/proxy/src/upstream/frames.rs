@@ -5,7 +5,8 @@
 //!
 //! [`FrameTap`] wraps the TLS stream under the `h2` connection; every byte read or
 //! written is fed to a [`FrameReader`] per direction, which follows the 9-byte frame heads
-//! and skips payloads (a SETTINGS payload excepted). [`Tally`] is what the pool reads.
+//! and skips payloads (a SETTINGS payload and a GOAWAY's last stream excepted). [`Tally`] is
+//! what the pool reads.
 //! A stream counts as open from the HEADERS that start it until the server ends it
 //! (END_STREAM) or either side resets it: the server's view of an open stream, as far as the
 //! limit goes.
@@ -32,6 +33,8 @@ const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const CLIENT_PREFACE_LEN: usize = 24;
 /// SETTINGS payloads larger than this are not kept (a server sends a few dozen bytes).
 const MAX_SETTINGS_PAYLOAD: usize = 16 * 1024;
+/// What is kept of a GOAWAY payload: its last stream identifier (the debug data is not read).
+const GOAWAY_LAST_STREAM_LEN: usize = 4;
 /// What Go's transport assumes until the server's SETTINGS arrive.
 pub const INITIAL_MAX_STREAMS: u32 = 100;
 
@@ -53,6 +56,8 @@ pub struct FrameReader {
     payload_left: usize,
     current: Option<FrameHead>,
     kept: Option<Vec<u8>>,
+    /// How much of the current payload is kept.
+    keep_at_most: usize,
 }
 
 impl FrameReader {
@@ -65,7 +70,8 @@ impl FrameReader {
     }
 
     /// Feeds the next bytes; `on_frame` gets every complete head, with the payload of a
-    /// SETTINGS frame (others get an empty one), once the payload has passed.
+    /// SETTINGS frame and the first four bytes of a GOAWAY's (others get an empty one), once
+    /// the payload has passed.
     pub fn feed(&mut self, mut bytes: &[u8], mut on_frame: impl FnMut(FrameHead, &[u8])) {
         let skip = self.preface_left.min(bytes.len());
         self.preface_left -= skip;
@@ -83,7 +89,8 @@ impl FrameReader {
             }
             let take = self.payload_left.min(bytes.len());
             if let Some(kept) = &mut self.kept {
-                kept.extend_from_slice(&bytes[..take]);
+                let room = self.keep_at_most.saturating_sub(kept.len());
+                kept.extend_from_slice(&bytes[..take.min(room)]);
             }
             self.payload_left -= take;
             bytes = &bytes[take..];
@@ -106,10 +113,14 @@ impl FrameReader {
         };
         self.head_len = 0;
         self.payload_left = length;
-        self.kept = (head.kind == FRAME_SETTINGS
-            && head.flags & FLAG_ACK == 0
-            && length <= MAX_SETTINGS_PAYLOAD)
-            .then(|| Vec::with_capacity(length));
+        self.keep_at_most = match head.kind {
+            FRAME_SETTINGS if head.flags & FLAG_ACK == 0 && length <= MAX_SETTINGS_PAYLOAD => {
+                length
+            }
+            FRAME_GOAWAY => GOAWAY_LAST_STREAM_LEN,
+            _ => 0,
+        };
+        self.kept = (self.keep_at_most > 0).then(|| Vec::with_capacity(self.keep_at_most));
         self.current = Some(head);
     }
 }
@@ -131,6 +142,9 @@ pub struct Tally {
     /// connections to one server.
     advertised: Arc<AtomicU32>,
     going_away: AtomicBool,
+    /// The lowest last stream identifier of the server's GOAWAYs (`u32::MAX` before any):
+    /// the streams above it the server never processed (RFC 9113 §6.8).
+    last_processed: AtomicU32,
     /// Reads that brought bytes from the server: the keepalive's sign of life.
     reads: AtomicU64,
     /// `outpost_upstream_streams{server}`.
@@ -160,6 +174,7 @@ impl Tally {
             max_streams: AtomicU32::new(initial),
             advertised,
             going_away: AtomicBool::new(false),
+            last_processed: AtomicU32::new(u32::MAX),
             reads: AtomicU64::new(0),
             gauge,
         })
@@ -195,6 +210,12 @@ impl Tally {
         self.going_away.load(Ordering::Relaxed)
     }
 
+    /// Whether a GOAWAY of the server said that it never processed `stream` (its identifier
+    /// is above the GOAWAY's last stream): a request on it may be sent again as it was.
+    pub fn never_processed(&self, stream: u32) -> bool {
+        stream > self.last_processed.load(Ordering::Relaxed)
+    }
+
     /// How many reads brought bytes from the server so far.
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
@@ -227,7 +248,13 @@ impl Tally {
                     self.advertised.store(max, Ordering::Relaxed);
                 }
             }
-            FRAME_GOAWAY => self.going_away.store(true, Ordering::Relaxed),
+            FRAME_GOAWAY => {
+                if let Some(last) = payload.first_chunk::<GOAWAY_LAST_STREAM_LEN>() {
+                    let last = u32::from_be_bytes(*last) & 0x7fff_ffff;
+                    self.last_processed.fetch_min(last, Ordering::Relaxed);
+                }
+                self.going_away.store(true, Ordering::Relaxed);
+            }
             _ => {}
         }
     }
@@ -248,6 +275,13 @@ impl Drop for Tally {
 
 /// A stream taken on a connection (see [`Tally::try_reserve`]).
 pub struct Reservation(Arc<Tally>);
+
+impl Reservation {
+    /// [`Tally::never_processed`] of the connection the stream was taken on.
+    pub fn never_processed(&self, stream: u32) -> bool {
+        self.0.never_processed(stream)
+    }
+}
 
 impl Drop for Reservation {
     fn drop(&mut self) {
@@ -383,6 +417,27 @@ mod tests {
                 ],
                 "split every {split} bytes"
             );
+        }
+    }
+
+    /// A GOAWAY's last stream is read across any split, whatever debug data follows it; the
+    /// streams above it are the ones the server never processed.
+    #[test]
+    fn a_goaway_names_the_streams_the_server_never_processed() {
+        let mut payload = 5u32.to_be_bytes().to_vec();
+        payload.extend(0u32.to_be_bytes());
+        payload.extend(b"graceful shutdown, debug data");
+        let wire = frame(FRAME_GOAWAY, 0, 0, &payload);
+        for split in 1..wire.len() {
+            let tally = Tally::new(IntGauge::new("t", "t").unwrap(), Arc::default());
+            assert!(!tally.never_processed(7), "before any GOAWAY");
+            let mut reader = FrameReader::default();
+            for chunk in wire.chunks(split) {
+                reader.feed(chunk, |h, p| tally.received(h, p));
+            }
+            assert!(tally.going_away());
+            assert!(!tally.never_processed(5), "split every {split} bytes");
+            assert!(tally.never_processed(7), "split every {split} bytes");
         }
     }
 

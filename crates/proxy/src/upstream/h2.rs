@@ -140,8 +140,8 @@ impl H2Client {
     }
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
-    /// speaks only HTTP/1.1. A bodiless request whose stream the server refuses is sent once
-    /// more (see [`refused`]).
+    /// speaks only HTTP/1.1. A bodiless request the server did not process is sent once more
+    /// (see [`Failed::unprocessed`]).
     pub async fn dispatch(&self, server: &Server, req: Request<ProxyBody>) -> Dispatch {
         let pool = self.pool(server);
         let mut again = req.body().is_end_stream().then(|| bodiless_copy(&req));
@@ -152,12 +152,17 @@ impl H2Client {
                 Err(dispatch) => return dispatch,
             };
             match (sent, again.take()) {
-                (Err(e), Some(copy)) if refused(&e) => {
-                    info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
+                (Err(failed), Some(copy)) if failed.unprocessed => {
+                    if refused(&failed.error) {
+                        info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
+                    } else {
+                        info!(server = %server.label(), "the apiserver went away before this stream; sending it once more");
+                    }
                     req = copy;
                 }
                 (sent, _) => {
-                    return Dispatch::Http2(sent.map_err(|e| classify_h2_error(server, e)));
+                    let sent = sent.map_err(|failed| classify_h2_error(server, failed.error));
+                    return Dispatch::Http2(sent);
                 }
             }
         }
@@ -170,7 +175,7 @@ impl H2Client {
         server: &Server,
         pool: &ServerPool,
         mut req: Request<ProxyBody>,
-    ) -> Result<Result<Response<UpstreamBody>, ::h2::Error>, Dispatch> {
+    ) -> Result<Result<Response<UpstreamBody>, Failed>, Dispatch> {
         if pool.http1_only.load(Ordering::Relaxed) {
             return Err(Dispatch::Http1(req));
         }
@@ -329,7 +334,7 @@ async fn exchange(
     tx: SendRequest<Bytes>,
     req: Request<ProxyBody>,
     reservation: Reservation,
-) -> Result<Response<UpstreamBody>, ::h2::Error> {
+) -> Result<Response<UpstreamBody>, Failed> {
     let (parts, body) = req.into_parts();
     let mut head = Request::from_parts(parts, ());
     let end_of_stream = body.is_end_stream();
@@ -340,12 +345,21 @@ async fn exchange(
         head.headers_mut()
             .insert(http::header::CONTENT_LENGTH, len.into());
     }
-    let mut tx = tx.ready().await?;
-    let (answer, stream) = tx.send_request(head, end_of_stream)?;
+    // A connection going away opens no stream: the request never left.
+    let unsent = |error: ::h2::Error| Failed {
+        unprocessed: error.is_go_away(),
+        error,
+    };
+    let mut tx = tx.ready().await.map_err(unsent)?;
+    let (answer, stream) = tx.send_request(head, end_of_stream).map_err(unsent)?;
+    let id = u32::from(answer.stream_id());
     if !end_of_stream {
         tokio::spawn(send_body(body, stream));
     }
-    let answer = answer.await;
+    let answer = answer.await.map_err(|error| Failed {
+        unprocessed: refused(&error) || (error.is_go_away() && reservation.never_processed(id)),
+        error,
+    });
     // Held until the answer's head: by then the stream's HEADERS are on the wire and the
     // tally counts the stream as open (until then the stream is only queued in `h2`, and
     // a request that found room meanwhile would wait behind the server's limit).
@@ -491,6 +505,16 @@ fn server_name(uri: &Uri) -> Result<ServerName<'static>, rustls::pki_types::Inva
 /// connection's [`Tally`] has that limit, so the second send finds room or dials.
 fn refused(err: &::h2::Error) -> bool {
     err.reason() == Some(::h2::Reason::REFUSED_STREAM)
+}
+
+/// An exchange that failed before its answer's head.
+struct Failed {
+    error: ::h2::Error,
+    /// The server is known not to have processed the request, which may then go again as it
+    /// was: it refused the stream (REFUSED_STREAM), the stream was above the last one a GOAWAY
+    /// named (RFC 9113 §6.8: kube-apiserver's `--goaway-chance` and its shutdown send one, and
+    /// Go's server ignores the streams that cross it), or it never opened.
+    unprocessed: bool,
 }
 
 /// The same request without a body, for a second send (extensions are not carried: nothing
