@@ -352,17 +352,28 @@ async fn late_copy(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_refused_on_a_new_connection_are_sent_again() {
     let cluster = four_streams_per_connection().await;
+    let log = burst_of_watches_over_a_slow_link(&cluster, 12, || {}).await;
+    assert!(
+        log.contains("the apiserver refused a stream; sending it once more"),
+        "the burst outran the server's SETTINGS (else this test shows nothing)"
+    );
+}
+
+/// A hub behind a link with 100 ms of latency opens `watches` pod watches at once, after `arm`;
+/// every one of them must open and see a new pod. Returns the hub's log.
+async fn burst_of_watches_over_a_slow_link(
+    cluster: &Cluster,
+    watches: usize,
+    arm: impl FnOnce(),
+) -> String {
     let relay = Relay::with_latency(cluster.fake.addr(), Duration::from_millis(100)).await;
     let hub = cluster.start_hub_with_flags(&[&format!("--server-addr=https://{}", relay.addr)]);
     support::wait_online(&hub).await;
-    let burst = (0..12).map(|_| open_pod_watch(&hub));
+    arm();
+    let burst = (0..watches).map(|_| open_pod_watch(&hub));
     let mut watches = futures_util::future::join_all(burst).await;
-    every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch of the burst").await;
-    assert!(
-        hub.log_text()
-            .contains("the apiserver refused a stream; sending it once more"),
-        "the burst outran the server's SETTINGS (else this test shows nothing)"
-    );
+    every_watch_sees_a_new_pod(cluster, &mut watches, "a watch of the burst").await;
+    hub.log_text()
 }
 
 /// kube-apiserver's `--goaway-chance`, and its shutdown, have Go's HTTP/2 server send one
@@ -373,16 +384,12 @@ async fn streams_refused_on_a_new_connection_are_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_that_crossed_a_goaway_are_sent_again() {
     let cluster = Cluster::start().await;
-    let relay = Relay::with_latency(cluster.fake.addr(), Duration::from_millis(100)).await;
-    let hub = cluster.start_hub_with_flags(&[&format!("--server-addr=https://{}", relay.addr)]);
-    support::wait_online(&hub).await;
-    cluster.fake.go_away_after_streams(1);
-    let burst = (0..8).map(|_| open_pod_watch(&hub));
-    let mut watches = futures_util::future::join_all(burst).await;
-    every_watch_sees_a_new_pod(&cluster, &mut watches, "a watch of the burst").await;
+    let log = burst_of_watches_over_a_slow_link(&cluster, 8, || {
+        cluster.fake.go_away_after_streams(1);
+    })
+    .await;
     assert!(
-        hub.log_text()
-            .contains("the apiserver went away before this stream; sending it once more"),
+        log.contains("the apiserver went away before this stream; sending it once more"),
         "the burst crossed the GOAWAY (else this test shows nothing)"
     );
 }
