@@ -55,8 +55,8 @@ pub struct FrameReader {
     /// Payload bytes still to skip (or keep) of the current frame.
     payload_left: usize,
     current: Option<FrameHead>,
-    kept: Option<Vec<u8>>,
-    /// How much of the current payload is kept.
+    /// What is kept of the current payload, up to `keep_at_most` bytes (none for most frames).
+    kept: Vec<u8>,
     keep_at_most: usize,
 }
 
@@ -88,17 +88,14 @@ impl FrameReader {
                 self.start_frame();
             }
             let take = self.payload_left.min(bytes.len());
-            if let Some(kept) = &mut self.kept {
-                let room = self.keep_at_most.saturating_sub(kept.len());
-                kept.extend_from_slice(&bytes[..take.min(room)]);
-            }
+            let room = self.keep_at_most - self.kept.len();
+            self.kept.extend_from_slice(&bytes[..take.min(room)]);
             self.payload_left -= take;
             bytes = &bytes[take..];
             if self.payload_left == 0
                 && let Some(head) = self.current.take()
             {
-                let kept = self.kept.take().unwrap_or_default();
-                on_frame(head, &kept);
+                on_frame(head, &std::mem::take(&mut self.kept));
             }
         }
     }
@@ -120,7 +117,8 @@ impl FrameReader {
             FRAME_GOAWAY => GOAWAY_LAST_STREAM_LEN,
             _ => 0,
         };
-        self.kept = (self.keep_at_most > 0).then(|| Vec::with_capacity(self.keep_at_most));
+        // No allocation for a frame of which nothing is kept.
+        self.kept = Vec::with_capacity(self.keep_at_most);
         self.current = Some(head);
     }
 }
