@@ -18,8 +18,9 @@
 //! `--http2-ping-timeout-seconds` the connection is closed, which ends every stream on it at
 //! once (watches included), and the server is suspected ([`super::ServerStates::suspect`]):
 //! the prober looks at it now. A connection the server closes or resets is only logged, as a
-//! lost HTTP/1.1 one is. A stream the server refuses (REFUSED_STREAM: not processed) is sent
-//! once more when it has no body, as Go's transport does.
+//! lost HTTP/1.1 one is. A stream the server did not process (REFUSED_STREAM, or above a
+//! GOAWAY's last stream) is sent once more when its body can be sent twice (none, or a small one
+//! of known length, read whole first), as Go's transport rewinds a body it can.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -140,12 +141,14 @@ impl H2Client {
     }
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
-    /// speaks only HTTP/1.1. A bodiless request the server did not process is sent once more
-    /// (see [`Failed::unprocessed`]).
+    /// speaks only HTTP/1.1. A request the server did not process is sent once more when it
+    /// can be (see [`Failed::unprocessed`] and [`with_copy`]).
     pub async fn dispatch(&self, server: &Server, req: Request<ProxyBody>) -> Dispatch {
         let pool = self.pool(server);
-        let mut again = req.body().is_end_stream().then(|| bodiless_copy(&req));
-        let mut req = req;
+        let (mut req, mut again) = match with_copy(req).await {
+            Ok(copied) => copied,
+            Err(e) => return Dispatch::Http2(Err(e)),
+        };
         loop {
             let sent = match self.send_on(server, &pool, req).await {
                 Ok(sent) => sent,
@@ -517,10 +520,45 @@ struct Failed {
     unprocessed: bool,
 }
 
-/// The same request without a body, for a second send (extensions are not carried: nothing
-/// below the pipeline reads them).
-fn bodiless_copy(req: &Request<ProxyBody>) -> Request<ProxyBody> {
-    let mut copy = Request::new(crate::body::empty());
+/// The largest request body kept for a second send. kubelet's writes (its Lease, events, pod
+/// and node status, TokenRequests, CSRs) are far smaller; a larger or unsized body streams
+/// through as it arrives and is not sent again.
+const RESENDABLE_BODY: u64 = 64 * 1024;
+
+/// `req`, and a copy to send again if the server does not process it: when it has no body, or
+/// a body of known length within [`RESENDABLE_BODY`], read whole first (as client-go's are:
+/// Go's transport rewinds them with `GetBody`). A body the client fails to send fails the
+/// request, which the pipeline puts down to the client.
+async fn with_copy(
+    req: Request<ProxyBody>,
+) -> Result<(Request<ProxyBody>, Option<Request<ProxyBody>>), ProxyError> {
+    if req.body().is_end_stream() {
+        let copy = copy_with(&req, crate::body::empty());
+        return Ok((req, Some(copy)));
+    }
+    if req
+        .body()
+        .size_hint()
+        .exact()
+        .is_none_or(|len| len > RESENDABLE_BODY)
+    {
+        return Ok((req, None));
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))?
+        .to_bytes();
+    let req = Request::from_parts(parts, crate::body::full(bytes.clone()));
+    let copy = copy_with(&req, crate::body::full(bytes));
+    Ok((req, Some(copy)))
+}
+
+/// The same request with `body`, for a second send (extensions are not carried: nothing below
+/// the pipeline reads them).
+fn copy_with(req: &Request<ProxyBody>, body: ProxyBody) -> Request<ProxyBody> {
+    let mut copy = Request::new(body);
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
     *copy.headers_mut() = req.headers().clone();
@@ -538,5 +576,67 @@ fn classify_h2_error(server: &Server, err: ::h2::Error) -> ProxyError {
     ProxyError::ConnectionLost {
         server: server.label().to_owned(),
         cause: Box::new(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body::BoxError;
+    use http_body_util::StreamBody;
+
+    fn post(body: ProxyBody) -> Request<ProxyBody> {
+        Request::post("https://apiserver/api/v1/namespaces/default/events")
+            .header("content-type", "application/vnd.kubernetes.protobuf")
+            .body(body)
+            .unwrap()
+    }
+
+    async fn bytes_of(req: Request<ProxyBody>) -> Bytes {
+        req.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_small_body_of_known_length_can_be_sent_twice() {
+        let (req, copy) = with_copy(post(crate::body::full("k8s\0event")))
+            .await
+            .unwrap();
+        let copy = copy.expect("a copy");
+        assert_eq!(copy.method(), req.method());
+        assert_eq!(copy.uri(), req.uri());
+        assert_eq!(copy.headers(), req.headers());
+        assert_eq!(bytes_of(req).await, "k8s\0event");
+        assert_eq!(bytes_of(copy).await, "k8s\0event");
+    }
+
+    #[tokio::test]
+    async fn a_large_or_unsized_body_streams_once() {
+        let large = vec![b'x'; RESENDABLE_BODY as usize + 1];
+        let (req, copy) = with_copy(post(crate::body::full(large.clone())))
+            .await
+            .unwrap();
+        assert!(copy.is_none());
+        assert_eq!(bytes_of(req).await, large);
+
+        let chunks = futures_util::stream::iter([Ok::<_, BoxError>(http_body::Frame::data(
+            Bytes::from_static(b"chunk"),
+        ))]);
+        let (req, copy) = with_copy(post(StreamBody::new(chunks).boxed()))
+            .await
+            .unwrap();
+        assert!(copy.is_none(), "a body of unknown length is not read ahead");
+        assert_eq!(bytes_of(req).await, "chunk");
+    }
+
+    #[tokio::test]
+    async fn a_body_the_client_fails_to_send_fails_the_request() {
+        let failing = crate::body::full("part")
+            .with_trailers(async { Some(Err::<http::HeaderMap, BoxError>("cut short".into())) })
+            .boxed();
+        let err = with_copy(post(failing)).await.expect_err("fails");
+        assert!(
+            matches!(err, ProxyError::ClientBody(ref m) if m.contains("cut short")),
+            "{err}"
+        );
     }
 }
