@@ -33,6 +33,21 @@ impl MemStore {
     pub(crate) fn raw(&self) -> std::sync::RwLockWriteGuard<'_, MemKv> {
         self.engine.write_kv()
     }
+
+    /// Flips one bit of the record stored for `key`, as a failing disk would: for tests of what
+    /// the proxy does with a record that no longer passes its checksum. `false`: none stored.
+    #[doc(hidden)]
+    pub fn damage_object(&self, key: &ObjectKey) -> bool {
+        let mut kv = self.engine.write_kv();
+        let raw_key = crate::keys::object_key(crate::keys::OBJECT, key);
+        match kv.main.get_mut(&raw_key).and_then(|v| v.last_mut()) {
+            Some(last) => {
+                *last ^= 0x20;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Default for MemStore {

@@ -1285,9 +1285,17 @@ mod tests {
     }
 
     fn apply_all(store: &dyn Store, ops: Vec<CacheOp>) -> Vec<&'static str> {
+        apply_all_with(store, ops, &mut Relisted::default())
+    }
+
+    /// [`apply_all`] with the writer's memo of the lists it last replaced scopes with.
+    fn apply_all_with(
+        store: &dyn Store,
+        ops: Vec<CacheOp>,
+        relisted: &mut Relisted,
+    ) -> Vec<&'static str> {
         let mut kinds = HashMap::new();
         let confirmed = Confirmed::default();
-        let mut relisted = Relisted::default();
         ops.into_iter()
             .flat_map(|op| {
                 apply(
@@ -1296,7 +1304,7 @@ mod tests {
                     &mut kinds,
                     DEFAULT_MAX_OBJECT_BYTES,
                     &confirmed,
-                    &mut relisted,
+                    relisted,
                 )
             })
             .map(label_of)
@@ -1544,6 +1552,37 @@ mod tests {
             (names.len(), names[0].as_str(), rv.as_str()),
             (9, "p1", "31")
         );
+    }
+
+    /// A renewal reads no item, so a record that rotted on disk after the replace (a flipped
+    /// bit its checksum catches) stays while the cloud repeats the list, to be found only
+    /// offline. A kept list renews its scope for a while only; the repeat after that replaces
+    /// the scope, which writes the damaged record again from the cloud's list.
+    #[test]
+    fn a_record_damaged_under_a_renewed_scope_is_mended_by_a_later_replace() {
+        let damaged = ObjectKey::new("kubelet", &pods(), "d", "p3");
+        for (renews_for, third, mended) in [
+            (super::super::relisted::RENEWS_FOR, "renewed", false),
+            (Duration::ZERO, "replaced", true),
+        ] {
+            let store = MemStore::new();
+            let mut relisted = Relisted::renewing_for(renews_for);
+            let first = apply_all_with(
+                &store,
+                vec![padded_list("20", &PODS), padded_list("28", &PODS)],
+                &mut relisted,
+            );
+            assert_eq!(first, ["replaced", "replaced"]);
+            assert!(store.damage_object(&damaged));
+            let repeat = apply_all_with(&store, vec![padded_list("30", &PODS)], &mut relisted);
+            assert_eq!(repeat, [third], "renewing for {renews_for:?}");
+            let list = store.list(&scope()).unwrap().expect("cached");
+            assert_eq!(
+                (list.missing.is_empty(), list.items.len()),
+                (mended, if mended { 10 } else { 9 }),
+                "renewing for {renews_for:?}"
+            );
+        }
     }
 
     /// Anything committed between two lists (here the scope's own watch deleting a pod) means
