@@ -142,19 +142,30 @@ impl H2Client {
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
     /// speaks only HTTP/1.1. A request the server did not process is sent once more when it
-    /// can be (see [`Failed::unprocessed`] and [`with_copy`]).
+    /// can be (see [`Failed::unprocessed`] and [`with_body_copy`]).
     pub async fn dispatch(&self, server: &Server, req: Request<ProxyBody>) -> Dispatch {
         let pool = self.pool(server);
-        let (mut req, mut again) = match with_copy(req).await {
-            Ok(copied) => copied,
-            Err(e) => return Dispatch::Http2(Err(e)),
+        // Bodiless requests (most) copied in place: no future of its own to move them through.
+        let (mut req, mut again) = if req.body().is_end_stream() {
+            let copy = copy_with(&req, crate::body::empty());
+            (req, Some(copy))
+        } else {
+            match with_body_copy(req).await {
+                Ok(copied) => copied,
+                Err(e) => return Dispatch::Http2(Err(e)),
+            }
         };
         loop {
-            let sent = match self.send_on(server, &pool, req).await {
-                Ok(sent) => sent,
-                Err(dispatch) => return dispatch,
+            if pool.http1_only.load(Ordering::Relaxed) {
+                return Dispatch::Http1(req);
+            }
+            let (tx, reservation) = match self.checkout(server, &pool).await {
+                Ok(Some(taken)) => taken,
+                Ok(None) => return Dispatch::Http1(req),
+                Err(e) => return Dispatch::Http2(Err(e)),
             };
-            match (sent, again.take()) {
+            *req.version_mut() = http::Version::HTTP_2;
+            match (exchange(tx, req, reservation).await, again.take()) {
                 (Err(failed), Some(copy)) if failed.unprocessed => {
                     if refused(&failed.error) {
                         info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
@@ -169,26 +180,6 @@ impl H2Client {
                 }
             }
         }
-    }
-
-    /// One send on a connection with room; `Err` is the dispatch already decided (HTTP/1.1, or
-    /// no connection).
-    async fn send_on(
-        &self,
-        server: &Server,
-        pool: &ServerPool,
-        mut req: Request<ProxyBody>,
-    ) -> Result<Result<Response<UpstreamBody>, Failed>, Dispatch> {
-        if pool.http1_only.load(Ordering::Relaxed) {
-            return Err(Dispatch::Http1(req));
-        }
-        let (tx, reservation) = match self.checkout(server, pool).await {
-            Ok(Some(taken)) => taken,
-            Ok(None) => return Err(Dispatch::Http1(req)),
-            Err(e) => return Err(Dispatch::Http2(Err(e))),
-        };
-        *req.version_mut() = http::Version::HTTP_2;
-        Ok(exchange(tx, req, reservation).await)
     }
 
     /// A connection with room for one more stream, dialled if none has; `None` when the
@@ -525,17 +516,13 @@ struct Failed {
 /// through as it arrives and is not sent again.
 const RESENDABLE_BODY: u64 = 64 * 1024;
 
-/// `req`, and a copy to send again if the server does not process it: when it has no body, or
-/// a body of known length within [`RESENDABLE_BODY`], read whole first (as client-go's are:
-/// Go's transport rewinds them with `GetBody`). A body the client fails to send fails the
-/// request, which the pipeline puts down to the client.
-async fn with_copy(
+/// `req`, which has a body, and a copy to send again if the server does not process it: when
+/// the body's length is known and within [`RESENDABLE_BODY`], it is read whole first (as
+/// client-go's are: Go's transport rewinds them with `GetBody`). A body the client fails to
+/// send fails the request, which the pipeline puts down to the client.
+async fn with_body_copy(
     req: Request<ProxyBody>,
 ) -> Result<(Request<ProxyBody>, Option<Request<ProxyBody>>), ProxyError> {
-    if req.body().is_end_stream() {
-        let copy = copy_with(&req, crate::body::empty());
-        return Ok((req, Some(copy)));
-    }
     if req
         .body()
         .size_hint()
@@ -598,7 +585,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_small_body_of_known_length_can_be_sent_twice() {
-        let (req, copy) = with_copy(post(crate::body::full("k8s\0event")))
+        let (req, copy) = with_body_copy(post(crate::body::full("k8s\0event")))
             .await
             .unwrap();
         let copy = copy.expect("a copy");
@@ -612,7 +599,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_or_unsized_body_streams_once() {
         let large = vec![b'x'; RESENDABLE_BODY as usize + 1];
-        let (req, copy) = with_copy(post(crate::body::full(large.clone())))
+        let (req, copy) = with_body_copy(post(crate::body::full(large.clone())))
             .await
             .unwrap();
         assert!(copy.is_none());
@@ -621,7 +608,7 @@ mod tests {
         let chunks = futures_util::stream::iter([Ok::<_, BoxError>(http_body::Frame::data(
             Bytes::from_static(b"chunk"),
         ))]);
-        let (req, copy) = with_copy(post(StreamBody::new(chunks).boxed()))
+        let (req, copy) = with_body_copy(post(StreamBody::new(chunks).boxed()))
             .await
             .unwrap();
         assert!(copy.is_none(), "a body of unknown length is not read ahead");
@@ -633,7 +620,7 @@ mod tests {
         let failing = crate::body::full("part")
             .with_trailers(async { Some(Err::<http::HeaderMap, BoxError>("cut short".into())) })
             .boxed();
-        let err = with_copy(post(failing)).await.expect_err("fails");
+        let err = with_body_copy(post(failing)).await.expect_err("fails");
         assert!(
             matches!(err, ProxyError::ClientBody(ref m) if m.contains("cut short")),
             "{err}"
