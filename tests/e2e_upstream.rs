@@ -167,16 +167,7 @@ async fn a_request_body_beyond_the_servers_window_crosses_whole_over_http2() {
         &event.to_string(),
     )
     .await;
-    assert_eq!(
-        resp.status,
-        201,
-        "created: {}",
-        String::from_utf8_lossy(&resp.body)
-    );
-    let stored = cluster
-        .fake
-        .get("v1/events", Some("default"), "big")
-        .expect("the event reached the apiserver");
+    let stored = created_event(&cluster, &resp, "big");
     assert!(
         stored["message"] == message.as_str(),
         "the whole body arrived"
@@ -186,6 +177,20 @@ async fn a_request_body_beyond_the_servers_window_crosses_whole_over_http2() {
         (1, 0),
         "over HTTP/2, on the node's one connection"
     );
+}
+
+/// The event `name` as the apiserver stored it, after `resp` said it was created.
+fn created_event(cluster: &Cluster, resp: &support::RawResponse, name: &str) -> serde_json::Value {
+    assert_eq!(
+        resp.status,
+        201,
+        "{name} created: {}",
+        String::from_utf8_lossy(&resp.body)
+    );
+    cluster
+        .fake
+        .get("v1/events", Some("default"), name)
+        .expect("the event reached the apiserver")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,16 +437,7 @@ async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
     });
     let answers = futures_util::future::join_all(burst).await;
     for (name, resp) in names.iter().zip(&answers) {
-        assert_eq!(
-            resp.status,
-            201,
-            "{name}: {}",
-            String::from_utf8_lossy(&resp.body)
-        );
-        let stored = cluster
-            .fake
-            .get("v1/events", Some("default"), name)
-            .expect("created");
+        let stored = created_event(&cluster, resp, name);
         assert_eq!(stored["message"], format!("{name} crossed a GOAWAY"));
     }
     assert!(
