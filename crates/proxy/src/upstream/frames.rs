@@ -11,7 +11,6 @@
 //! (END_STREAM) or either side resets it: the server's view of an open stream, as far as the
 //! limit goes.
 
-use std::collections::HashSet;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -151,7 +150,9 @@ pub struct Tally {
 
 #[derive(Default)]
 struct Streams {
-    open: HashSet<u32>,
+    /// Hashed by foldhash, not SipHash: identifiers the connection counts itself, looked up
+    /// at every stream's opening and end.
+    open: foldhash::HashSet<u32>,
     last_opened: u32,
     /// Taken by a request about to be sent, not yet seen on the wire.
     reserved: usize,

@@ -22,7 +22,6 @@
 //! GOAWAY's last stream) is sent once more when its body can be sent twice (none, or a small one
 //! of known length, read whole first), as Go's transport rewinds a body it can.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,7 +82,8 @@ pub struct H2Client {
     tcp: Counting,
     streams: IntGaugeVec,
     states: Arc<ServerStates>,
-    pools: Mutex<HashMap<String, Arc<ServerPool>>>,
+    /// By the servers' labels (foldhash: looked up for every request, and the hub's own).
+    pools: Mutex<foldhash::HashMap<String, Arc<ServerPool>>>,
 }
 
 /// The connections to one server.
@@ -128,7 +128,7 @@ impl H2Client {
             tcp,
             streams,
             states,
-            pools: Mutex::new(HashMap::new()),
+            pools: Mutex::default(),
         }
     }
 
