@@ -5,7 +5,7 @@
 //! - [`go_build`] builds the Go programs under `go/` (a canned HTTPS upstream, and
 //!   `httputil.ReverseProxy` alone) into the target directory, when `go` is on `PATH`;
 //! - [`Proc::go`] runs one, [`Proc::outpost`] the release `outpost` binary ([`outpost_bin`]),
-//!   [`Proc::haproxy`] haproxy;
+//!   [`Proc::haproxy`] haproxy (HTTP/1.1 or HTTP/2 upstream);
 //! - [`wrk`] runs `wrk` against one of them.
 //!
 //! Every [`Proc`] is stopped (SIGTERM, then SIGKILL) when dropped.
@@ -186,10 +186,13 @@ impl Proc {
 
     /// haproxy in the foreground, one thread, `http-reuse always`, proxying every path to
     /// `https://<upstream>` with the node's client certificate.
+    /// haproxy in front of `upstream`, speaking `upstream_protocol` to it (`Http1` as nginx
+    /// does, `Http2` as the hubs and client-go do: its streams multiplexed on one connection).
     pub fn haproxy(
         binary: &Path,
         upstream: SocketAddr,
         identity: &NodePemFiles,
+        upstream_protocol: UpstreamProtocol,
     ) -> Result<Proc, String> {
         let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let combined = dir.path().join("node.pem");
@@ -204,7 +207,7 @@ impl Proc {
         let conf = dir.path().join("haproxy.cfg");
         std::fs::write(
             &conf,
-            haproxy_config(addr, upstream, &combined, &identity.ca),
+            haproxy_config(addr, upstream, &combined, &identity.ca, upstream_protocol),
         )
         .map_err(|e| format!("writing haproxy.cfg: {e}"))?;
         let child = Command::new(binary)
@@ -217,7 +220,7 @@ impl Proc {
             .spawn()
             .map_err(|e| format!("spawning {}: {e}", binary.display()))?;
         let mut proc = Proc {
-            name: "haproxy",
+            name: upstream_protocol.haproxy_leg(),
             child,
             addr,
             admin: None,
@@ -294,7 +297,36 @@ pub fn process_tree_cpu(pid: u32) -> Duration {
         .sum()
 }
 
-fn haproxy_config(listen: SocketAddr, upstream: SocketAddr, cert: &Path, ca: &Path) -> String {
+/// What a proxy speaks to its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Http1,
+    Http2,
+}
+
+impl UpstreamProtocol {
+    fn haproxy_leg(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "haproxy",
+            UpstreamProtocol::Http2 => "haproxy-h2",
+        }
+    }
+
+    fn alpn(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http/1.1",
+            UpstreamProtocol::Http2 => "h2",
+        }
+    }
+}
+
+fn haproxy_config(
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    cert: &Path,
+    ca: &Path,
+    protocol: UpstreamProtocol,
+) -> String {
     format!(
         r#"global
     nbthread 1
@@ -309,10 +341,11 @@ frontend proxy
     bind {listen}
     default_backend apiserver
 backend apiserver
-    server apiserver {upstream} ssl crt {cert} ca-file {ca} verify required verifyhost localhost sni str(localhost) alpn http/1.1
+    server apiserver {upstream} ssl crt {cert} ca-file {ca} verify required verifyhost localhost sni str(localhost) alpn {alpn}
 "#,
         cert = cert.display(),
         ca = ca.display(),
+        alpn = protocol.alpn(),
     )
 }
 

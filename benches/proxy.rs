@@ -25,10 +25,11 @@
 //! Run: `cargo bench -p outpost-benches --bench proxy`.
 //!
 //! First, every proxy as a process of its own ([`process_comparison`], `processes.rs`): the
-//! release `outpost` binary in cloud and edge mode, nginx, haproxy and Go's
-//! `httputil.ReverseProxy`, all in front of a Go canned HTTPS upstream (`go/upstream`, so the
-//! upstream is never the bottleneck): each proxy's CPU per small GET (utime + stime of the
-//! process under `wrk -t1 -c8`), req/s, and p50/p99 of sequential small GETs and 1 MB LISTs.
+//! release `outpost` binary in cloud and edge mode, nginx, haproxy (HTTP/1.1 upstream, and
+//! HTTP/2 as `haproxy-h2`) and Go's `httputil.ReverseProxy`, all in front of a Go canned HTTPS
+//! upstream (`go/upstream`, so the upstream is never the bottleneck): each proxy's CPU per small
+//! GET (utime + stime of the process under `wrk -t1 -c8`), req/s, and p50/p99 of sequential small
+//! GETs and 1 MB LISTs.
 //! Build the binary first (`cargo build --release -p outpost`); a missing tool skips its leg
 //! with a message. `-- processes` runs this part alone, `--quick` shortens it;
 //! `OUTPOST_BENCH_BASE_BIN` and `OUTPOST_BENCH_SHAPES` add legs ([`hub_legs`]),
@@ -46,7 +47,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use outpost_benches::nginx::Nginx;
-use outpost_benches::processes::{self, Proc};
+use outpost_benches::processes::{self, Proc, UpstreamProtocol};
 use outpost_benches::{
     HubThread, NODE, SledCache, Upstream, bench_runtime, cache_threads_cpu, kubelet_get,
     kubelet_request, micros, node_pods_path, percentile, plain_client, seed_pods, threads_cpu,
@@ -705,10 +706,15 @@ fn process_comparison(rt: &tokio::runtime::Runtime, upstream: &Upstream) {
     });
     match processes::on_path("haproxy") {
         None => println!("processes: haproxy skipped: not on PATH (apt-get install haproxy)"),
-        Some(bin) => match Proc::haproxy(&bin, upstream_addr, &identity) {
-            Ok(p) => procs.push(p),
-            Err(e) => println!("processes: haproxy skipped: {e}"),
-        },
+        // Also over HTTP/2 upstream, as the hubs speak it: the same upstream protocol's cost.
+        Some(bin) => {
+            for protocol in [UpstreamProtocol::Http1, UpstreamProtocol::Http2] {
+                match Proc::haproxy(&bin, upstream_addr, &identity, protocol) {
+                    Ok(p) => procs.push(p),
+                    Err(e) => println!("processes: haproxy ({protocol:?} upstream) skipped: {e}"),
+                }
+            }
+        }
     }
     let go_rp = processes::go_build("reverseproxy").and_then(|bin| {
         let args = [
@@ -878,7 +884,7 @@ fn cpu_per_request(legs: &[ProcLeg], shape: &ProcessShape) {
     let find = |name: &str| legs.iter().position(|l| l.name == name).map(|i| medians[i]);
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     if let Some(cloud) = find("outpost-cloud") {
-        for base in ["nginx", "haproxy", "go-reverseproxy"] {
+        for base in ["nginx", "haproxy", "haproxy-h2", "go-reverseproxy"] {
             if let Some(b) = find(base) {
                 println!("  outpost-cloud ÷ {base} CPU/GET: {:.3}", ratio(cloud, b));
             }
@@ -998,6 +1004,7 @@ fn process_latencies(
         "direct",
         "direct-h2",
         "nginx",
+        "haproxy-h2",
         "outpost-cloud",
         "base-cloud",
     ] {
