@@ -406,7 +406,7 @@ impl Pipeline {
         }
         let resp = self.received(&route, exchange, sent?);
         let resp = ended_by(outage, exchange.bound(resp, served_by));
-        Ok(match &route.cache {
+        Ok(match route.cache {
             Some(plan) => edge.tee(plan, resp),
             None => resp,
         })

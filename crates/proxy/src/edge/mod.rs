@@ -168,12 +168,12 @@ impl Edge {
     /// Copies a response into the cache as it streams to the client (2xx JSON only: an object,
     /// a list, watch events, a discovery document, or the object a write left); a GET answered
     /// 404 removes the object from the cache.
-    pub fn tee(&self, plan: &CachePlan, resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    pub fn tee(&self, plan: CachePlan, resp: Response<ProxyBody>) -> Response<ProxyBody> {
         let status = resp.status();
         if status == StatusCode::NOT_FOUND {
             if let CachePlan::Object { key } = plan {
                 // A full queue leaves the stale object; nothing else to do about it here.
-                let _ = self.writer.submit(CacheOp::Gone { key: key.clone() });
+                let _ = self.writer.submit(CacheOp::Gone { key });
             }
             return resp;
         }
@@ -181,7 +181,6 @@ impl Edge {
             return resp;
         }
         let Some(sink) = self.sink(plan, resp.headers()) else {
-            debug!(?plan, "response not cacheable as received");
             return resp;
         };
         let writer = self.writer.clone();
@@ -191,31 +190,51 @@ impl Edge {
         })
     }
 
-    fn sink(&self, plan: &CachePlan, headers: &HeaderMap) -> Option<Sink> {
-        if let CachePlan::Discovery { path } = plan {
-            let content_type = headers.get(http::header::CONTENT_TYPE)?.to_str().ok()?;
-            let variant = offline::discovery_variant(content_type)?;
-            let name = offline::discovery_names(path)[variant].clone();
-            return Some(Sink::Document {
-                name,
-                content_type: content_type.to_owned(),
-            });
-        }
-        if !negotiate::is_plain_json(headers) {
+    /// Where a response to `plan` goes in the cache, if it can be stored as received (the plan
+    /// moves into the sink: its key is not copied for every response).
+    fn sink(&self, plan: CachePlan, headers: &HeaderMap) -> Option<Sink> {
+        let storable = match &plan {
+            CachePlan::Discovery { path } => return Self::discovery_sink(path, headers),
+            _ => negotiate::is_plain_json(headers),
+        };
+        if !storable {
+            debug!(?plan, "response not cacheable as received");
             return None;
         }
         Some(match plan {
-            CachePlan::Object { key } => Sink::Object(key.clone()),
-            CachePlan::List { scope } => Sink::List(scope.clone()),
+            CachePlan::Object { key } => Sink::Object(key),
+            CachePlan::List { scope } => Sink::List(scope),
             CachePlan::Watch {
                 scope,
                 initial_events,
             } => Sink::Watch {
-                scope: scope.clone(),
-                initial_events: *initial_events,
+                scope,
+                initial_events,
             },
-            CachePlan::Written { key } => Sink::Written(key.clone()),
-            CachePlan::Discovery { .. } => unreachable!("handled above"),
+            CachePlan::Written { key } => Sink::Written(key),
+            CachePlan::Discovery { .. } => unreachable!("answered above"),
+        })
+    }
+
+    /// A discovery document's sink, by the variant its `Content-Type` names.
+    fn discovery_sink(path: &str, headers: &HeaderMap) -> Option<Sink> {
+        let content_type = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok());
+        let Some((content_type, variant)) =
+            content_type.and_then(|t| Some((t, offline::discovery_variant(t)?)))
+        else {
+            debug!(
+                path,
+                ?content_type,
+                "discovery document not cacheable as received"
+            );
+            return None;
+        };
+        let name = offline::discovery_names(path)[variant].clone();
+        Some(Sink::Document {
+            name,
+            content_type: content_type.to_owned(),
         })
     }
 
