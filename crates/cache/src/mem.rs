@@ -38,9 +38,13 @@ impl MemStore {
     /// the proxy does with a record that no longer passes its checksum. `false`: none stored.
     #[doc(hidden)]
     pub fn damage_object(&self, key: &ObjectKey) -> bool {
+        self.damage(&crate::keys::object_key(crate::keys::OBJECT, key))
+    }
+
+    /// Flips one bit of the last byte stored under `raw_key` in the main tree.
+    fn damage(&self, raw_key: &[u8]) -> bool {
         let mut kv = self.engine.write_kv();
-        let raw_key = crate::keys::object_key(crate::keys::OBJECT, key);
-        match kv.main.get_mut(&raw_key).and_then(|v| v.last_mut()) {
+        match kv.main.get_mut(raw_key).and_then(|v| v.last_mut()) {
             Some(last) => {
                 *last ^= 0x20;
                 true
@@ -201,9 +205,7 @@ mod tests {
     }
 
     fn flip_last_byte(store: &MemStore, raw_key: &[u8]) {
-        let mut kv = store.raw();
-        let value = kv.main.get_mut(raw_key).expect("entry exists");
-        *value.last_mut().expect("non-empty") ^= 0x20;
+        assert!(store.damage(raw_key), "entry exists");
     }
 
     #[test]

@@ -193,15 +193,12 @@ impl Edge {
     /// Where a response to `plan` goes in the cache, if it can be stored as received (the plan
     /// moves into the sink: its key is not copied for every response).
     fn sink(&self, plan: CachePlan, headers: &HeaderMap) -> Option<Sink> {
-        let storable = match &plan {
-            CachePlan::Discovery { path } => return Self::discovery_sink(path, headers),
-            _ => negotiate::is_plain_json(headers),
-        };
-        if !storable {
-            debug!(?plan, "response not cacheable as received");
-            return None;
-        }
         Some(match plan {
+            CachePlan::Discovery { path } => return Self::discovery_sink(&path, headers),
+            _ if !negotiate::is_plain_json(headers) => {
+                debug!(?plan, "response not cacheable as received");
+                return None;
+            }
             CachePlan::Object { key } => Sink::Object(key),
             CachePlan::List { scope } => Sink::List(scope),
             CachePlan::Watch {
@@ -212,7 +209,6 @@ impl Edge {
                 initial_events,
             },
             CachePlan::Written { key } => Sink::Written(key),
-            CachePlan::Discovery { .. } => unreachable!("answered above"),
         })
     }
 
