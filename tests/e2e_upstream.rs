@@ -359,7 +359,7 @@ async fn streams_refused_on_a_new_connection_are_sent_again() {
     let cluster = four_streams_per_connection().await;
     let log = burst_of_watches_over_a_slow_link(&cluster, 12, || {}).await;
     assert!(
-        log.contains("the apiserver refused a stream; sending it once more"),
+        log.contains("(it refused the stream); sending it again"),
         "the burst outran the server's SETTINGS (else this test shows nothing)"
     );
 }
@@ -401,7 +401,7 @@ async fn streams_that_crossed_a_goaway_are_sent_again() {
     })
     .await;
     assert!(
-        log.contains("the apiserver went away before this stream; sending it once more"),
+        log.contains("(it went away before the stream); sending it again"),
         "the burst crossed the GOAWAY (else this test shows nothing)"
     );
 }
@@ -414,7 +414,88 @@ async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
     let cluster = Cluster::start().await;
     let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
     cluster.fake.go_away_after_streams(1);
-    let names: Vec<String> = (0..8).map(|i| format!("{NODE}.goaway-{i}")).collect();
+    let names = event_names("goaway", 8);
+    let answers = post_events(&hub, &names).await;
+    for (name, resp) in names.iter().zip(&answers) {
+        let stored = created_event(&cluster, resp, name);
+        assert_eq!(stored["message"], format!("{name} crossed a GOAWAY"));
+    }
+    assert!(
+        hub.log_text()
+            .contains("(it went away before the stream); sending it again"),
+        "the burst crossed the GOAWAY (else this test shows nothing)"
+    );
+}
+
+/// A server whose every new connection goes away soon (a high `--goaway-chance` under a
+/// burst): the writes that crossed one GOAWAY, sent again, cross the next one too, and go a
+/// third time rather than fail their client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_crossed_two_goaways_are_sent_a_third_time() {
+    let cluster = Cluster::start().await;
+    let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
+    cluster.fake.go_away_after_streams_on(2, 1);
+    let names = event_names("goaway-twice", 8);
+    let answers = post_events(&hub, &names).await;
+    for (name, resp) in names.iter().zip(&answers) {
+        created_event(&cluster, resp, name);
+    }
+    assert!(
+        hub.log_text().contains("sends=2"),
+        "a write crossed the second GOAWAY (else this test shows nothing)"
+    );
+}
+
+/// Past the hub's sends, a write the server never processed fails with what kube-apiserver
+/// says when it asks for a request again (503, `Retry-After`), which client-go's rest client
+/// follows: sent again, each event is created, and none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_never_processed_is_answered_with_a_retry_after() {
+    let cluster = Cluster::start().await;
+    let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
+    cluster.fake.go_away_after_streams_on(3, 1);
+    let names = event_names("goaway-thrice", 8);
+    let answers = post_events(&hub, &names).await;
+    let mut refused = Vec::new();
+    for (name, resp) in names.iter().zip(&answers) {
+        if resp.status == 201 {
+            created_event(&cluster, resp, name);
+            continue;
+        }
+        assert_eq!(resp.status, 503, "{}", String::from_utf8_lossy(&resp.body));
+        assert_eq!(resp.header("retry-after"), Some("1"), "{name}: asked again");
+        let status: serde_json::Value = serde_json::from_slice(&resp.body).expect("a Status");
+        assert!(
+            status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("did not process")),
+            "{status}"
+        );
+        assert!(
+            cluster
+                .fake
+                .get("v1/events", Some("default"), name)
+                .is_none(),
+            "{name} was not processed"
+        );
+        refused.push(name.clone());
+    }
+    assert!(
+        !refused.is_empty(),
+        "a write crossed all three GOAWAYs (else this test shows nothing)"
+    );
+    // What client-go does after the Retry-After: each goes once more, and is created once.
+    for (name, resp) in refused.iter().zip(post_events(&hub, &refused).await) {
+        created_event(&cluster, &resp, name);
+    }
+}
+
+fn event_names(tag: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{NODE}.{tag}-{i}")).collect()
+}
+
+/// kubelet's event POSTs, all at once.
+async fn post_events(hub: &HubProcess, names: &[String]) -> Vec<support::RawResponse> {
     let burst = names.iter().map(|name| {
         let event = serde_json::json!({
             "apiVersion": "v1",
@@ -424,7 +505,6 @@ async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
             "reason": "Starting",
             "message": format!("{name} crossed a GOAWAY"),
         });
-        let hub = &hub;
         async move {
             support::kubelet_send(
                 hub.proxy,
@@ -435,16 +515,7 @@ async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
             .await
         }
     });
-    let answers = futures_util::future::join_all(burst).await;
-    for (name, resp) in names.iter().zip(&answers) {
-        let stored = created_event(&cluster, resp, name);
-        assert_eq!(stored["message"], format!("{name} crossed a GOAWAY"));
-    }
-    assert!(
-        hub.log_text()
-            .contains("the apiserver went away before this stream; sending it once more"),
-        "the burst crossed the GOAWAY (else this test shows nothing)"
-    );
+    futures_util::future::join_all(burst).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

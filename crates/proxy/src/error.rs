@@ -68,6 +68,17 @@ pub enum ProxyError {
         #[source]
         cause: BoxError,
     },
+    /// The apiserver did not process the request, which the hub sent as often as it sends one
+    /// (it refused the stream, or went away before it, each time): the client may send it
+    /// again as it was.
+    #[error(
+        "apiserver {server} did not process the request ({why}; sent {sends} times): send it again"
+    )]
+    NotProcessed {
+        server: String,
+        why: &'static str,
+        sends: u32,
+    },
     /// The upstream did not answer within the deadline.
     #[error("apiserver {server} did not answer within {after:?}")]
     Timeout { server: String, after: Duration },
@@ -126,7 +137,8 @@ impl ProxyError {
             }
             ProxyError::Unauthenticated(_) => Status::new(Reason::Unauthorized, message),
             ProxyError::Forbidden(_) => Status::forbidden(message),
-            ProxyError::PoolUnavailable(_) => {
+            // Retry-After: client-go sends such a request again (its rest client's retries).
+            ProxyError::PoolUnavailable(_) | ProxyError::NotProcessed { .. } => {
                 Status::service_unavailable(message).with_retry_after(1)
             }
             ProxyError::Unreachable { .. }
@@ -163,6 +175,7 @@ impl ProxyError {
             ProxyError::PoolUnavailable(_) => "pool_unavailable",
             ProxyError::Unreachable { .. } | ProxyError::NoUpstream => "unreachable",
             ProxyError::ConnectionLost { .. } => "connection_lost",
+            ProxyError::NotProcessed { .. } => "not_processed",
             ProxyError::Timeout { .. } => "timeout",
             ProxyError::BadReply { .. } => "bad_reply",
             ProxyError::Offline(_) => "offline",
@@ -197,6 +210,7 @@ impl ProxyError {
             self,
             ProxyError::Unreachable { .. }
                 | ProxyError::ConnectionLost { .. }
+                | ProxyError::NotProcessed { .. }
                 | ProxyError::Timeout { .. }
                 | ProxyError::BadReply { .. }
                 | ProxyError::NoUpstream
@@ -253,6 +267,14 @@ mod tests {
                 503,
             ),
             (
+                ProxyError::NotProcessed {
+                    server: "s".into(),
+                    why: "it went away before the stream",
+                    sends: 3,
+                },
+                503,
+            ),
+            (
                 ProxyError::Timeout {
                     server: "s".into(),
                     after: Duration::from_secs(1),
@@ -287,5 +309,22 @@ mod tests {
             assert_eq!(status.code, code, "{status:?}");
             assert!(!status.message.is_empty());
         }
+    }
+
+    /// What the server never processed, its client may send again: said as kube-apiserver
+    /// says it, so that client-go does (its rest client follows `Retry-After` on a 503).
+    #[test]
+    fn a_request_the_server_did_not_process_is_one_to_send_again() {
+        let not_processed = ProxyError::NotProcessed {
+            server: "s".into(),
+            why: "it refused the stream",
+            sends: 1,
+        };
+        assert_eq!(not_processed.into_status().retry_after_seconds, Some(1));
+        let lost = ProxyError::ConnectionLost {
+            server: "s".into(),
+            cause: "reset".into(),
+        };
+        assert_eq!(lost.into_status().retry_after_seconds, None);
     }
 }

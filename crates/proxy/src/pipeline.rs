@@ -476,7 +476,9 @@ impl Pipeline {
             avoid = match e {
                 // The connect failure marked the server down, so it is not picked again; a lost
                 // connection is retried on a fresh one, to the same server if picked.
-                ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. } => None,
+                ProxyError::Unreachable { .. }
+                | ProxyError::ConnectionLost { .. }
+                | ProxyError::NotProcessed { .. } => None,
                 // A server that was too slow or garbled its answer is not asked twice: the
                 // retry goes to another healthy one, if any.
                 ProxyError::Timeout { .. } | ProxyError::BadReply { .. } => Some(server),

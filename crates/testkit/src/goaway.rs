@@ -21,33 +21,50 @@ const FRAME_HEADERS: u8 = 0x1;
 const FRAME_GOAWAY: u8 = 0x7;
 const CLIENT_PREFACE_LEN: usize = 24;
 
-/// When the next connection goes away: after how many new streams of one connection.
+/// When the next connections go away: after how many new streams, and on how many
+/// connections in turn.
 #[derive(Debug, Default)]
 pub(crate) struct GoAway {
-    armed: Mutex<Option<u32>>,
+    armed: Mutex<Option<Armed>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Armed {
+    streams: u32,
+    left: u32,
+    connections: u32,
 }
 
 impl GoAway {
-    /// The next connection on which the client opens `streams` more streams goes away at the
-    /// last of them; the streams it opens after that are ignored.
-    pub fn after_streams(&self, streams: u32) {
-        *crate::state::lock(&self.armed) = Some(streams.max(1));
+    /// Each of the next `connections` connections goes away at the `streams`-th new stream
+    /// the client opens after the last one went away (on the first, after this call); the
+    /// streams it opens after that are ignored.
+    pub fn after_streams(&self, streams: u32, connections: u32) {
+        let streams = streams.max(1);
+        *crate::state::lock(&self.armed) = (connections > 0).then_some(Armed {
+            streams,
+            left: streams,
+            connections,
+        });
     }
 
-    /// Counts one new stream; whether the connection goes away at it (then disarmed).
+    /// Counts one new stream; whether the connection goes away at it (then armed for the
+    /// next connection, or disarmed).
     fn goes_away_at_new_stream(&self) -> bool {
         let mut armed = crate::state::lock(&self.armed);
-        match armed.as_mut() {
-            Some(1) => {
-                *armed = None;
-                true
-            }
-            Some(left) => {
-                *left -= 1;
-                false
-            }
-            None => false,
+        let Some(now) = armed.as_mut() else {
+            return false;
+        };
+        now.left -= 1;
+        if now.left > 0 {
+            return false;
         }
+        now.connections -= 1;
+        now.left = now.streams;
+        if now.connections == 0 {
+            *armed = None;
+        }
+        true
     }
 }
 

@@ -19,8 +19,9 @@
 //! once (watches included), and the server is suspected ([`super::ServerStates::suspect`]):
 //! the prober looks at it now. A connection the server closes or resets is only logged, as a
 //! lost HTTP/1.1 one is. A stream the server did not process (REFUSED_STREAM, or above a
-//! GOAWAY's last stream) is sent once more when its body can be sent twice (none, or a small one
-//! of known length, read whole first), as Go's transport rewinds a body it can.
+//! GOAWAY's last stream) is sent again when its body can be (none, or a small one of known
+//! length, read whole first), as Go's transport rewinds a body it can; past a few sends it
+//! fails with a 503 that asks its client to send it again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -141,20 +142,22 @@ impl H2Client {
     }
 
     /// Sends `req` (its URI absolute) over HTTP/2 to `server`, or hands it back when the server
-    /// speaks only HTTP/1.1. A request the server did not process is sent once more when it
-    /// can be (see [`Failed::unprocessed`] and [`with_body_copy`]).
+    /// speaks only HTTP/1.1. A request the server did not process is sent again when it can be,
+    /// up to [`UNPROCESSED_SENDS`] sends (see [`Failed::unprocessed`] and [`with_body_copy`]);
+    /// one that still was not processed fails as [`ProxyError::NotProcessed`].
     pub async fn dispatch(&self, server: &Server, req: Request<ProxyBody>) -> Dispatch {
         let pool = self.pool(server);
-        // Bodiless requests (most) copied in place: no future of its own to move them through.
-        let (mut req, mut again) = if req.body().is_end_stream() {
-            let copy = copy_with(&req, crate::body::empty());
-            (req, Some(copy))
+        // Bodiless requests (most) kept in place: no future of its own to move them through.
+        let (mut req, kept) = if req.body().is_end_stream() {
+            let kept = Kept::of(&req, None);
+            (req, Some(kept))
         } else {
             match with_body_copy(req).await {
                 Ok(copied) => copied,
                 Err(e) => return Dispatch::Http2(Err(e)),
             }
         };
+        let mut sends = 0;
         loop {
             if pool.http1_only.load(Ordering::Relaxed) {
                 return Dispatch::Http1(req);
@@ -165,18 +168,30 @@ impl H2Client {
                 Err(e) => return Dispatch::Http2(Err(e)),
             };
             *req.version_mut() = http::Version::HTTP_2;
-            match (exchange(tx, req, reservation).await, again.take()) {
-                (Err(failed), Some(copy)) if failed.unprocessed => {
-                    if refused(&failed.error) {
-                        info!(server = %server.label(), "the apiserver refused a stream; sending it once more");
-                    } else {
-                        info!(server = %server.label(), "the apiserver went away before this stream; sending it once more");
-                    }
-                    req = copy;
+            sends += 1;
+            let failed = match exchange(tx, req, reservation).await {
+                Ok(answer) => return Dispatch::Http2(Ok(answer)),
+                Err(failed) if failed.unprocessed => failed,
+                Err(failed) => {
+                    return Dispatch::Http2(Err(classify_h2_error(server, failed.error)));
                 }
-                (sent, _) => {
-                    let sent = sent.map_err(|failed| classify_h2_error(server, failed.error));
-                    return Dispatch::Http2(sent);
+            };
+            match &kept {
+                Some(kept) if sends < UNPROCESSED_SENDS => {
+                    info!(
+                        server = %server.label(),
+                        sends,
+                        "the apiserver did not process a request ({}); sending it again",
+                        failed.why()
+                    );
+                    req = kept.copy();
+                }
+                _ => {
+                    return Dispatch::Http2(Err(ProxyError::NotProcessed {
+                        server: server.label().to_owned(),
+                        why: failed.why(),
+                        sends,
+                    }));
                 }
             }
         }
@@ -511,18 +526,35 @@ struct Failed {
     unprocessed: bool,
 }
 
+impl Failed {
+    /// Why the server did not process the request, for its log line and its Status.
+    fn why(&self) -> &'static str {
+        if refused(&self.error) {
+            "it refused the stream"
+        } else {
+            "it went away before the stream"
+        }
+    }
+}
+
+/// How many times a request the server did not process is sent in all: Go's transport sends
+/// one that crossed a GOAWAY again at once, and then again with a backoff; the hub sends it
+/// again at once on a fresh connection, and past this answers 503 with `Retry-After`, which
+/// client-go follows with its own backoff.
+const UNPROCESSED_SENDS: u32 = 3;
+
 /// The largest request body kept for a second send. kubelet's writes (its Lease, events, pod
 /// and node status, TokenRequests, CSRs) are far smaller; a larger or unsized body streams
 /// through as it arrives and is not sent again.
 const RESENDABLE_BODY: u64 = 64 * 1024;
 
-/// `req`, which has a body, and a copy to send again if the server does not process it: when
+/// `req`, which has a body, and what to send again if the server does not process it: when
 /// the body's length is known and within [`RESENDABLE_BODY`], it is read whole first (as
 /// client-go's are: Go's transport rewinds them with `GetBody`). A body the client fails to
 /// send fails the request, which the pipeline puts down to the client.
 async fn with_body_copy(
     req: Request<ProxyBody>,
-) -> Result<(Request<ProxyBody>, Option<Request<ProxyBody>>), ProxyError> {
+) -> Result<(Request<ProxyBody>, Option<Kept>), ProxyError> {
     if req
         .body()
         .size_hint()
@@ -538,13 +570,38 @@ async fn with_body_copy(
         .map_err(|e| ProxyError::ClientBody(crate::error::error_chain(e.as_ref())))?
         .to_bytes();
     let req = Request::from_parts(parts, crate::body::full(bytes.clone()));
-    let copy = copy_with(&req, crate::body::full(bytes));
-    Ok((req, Some(copy)))
+    let kept = Kept::of(&req, Some(bytes));
+    Ok((req, Some(kept)))
 }
 
-/// The same request with `body`, for a second send (extensions are not carried: nothing below
-/// the pipeline reads them).
-fn copy_with(req: &Request<ProxyBody>, body: ProxyBody) -> Request<ProxyBody> {
+/// A request as it can be sent again: its head and its whole body, if it has one (extensions
+/// are not carried: nothing below the pipeline reads them).
+#[derive(Debug)]
+struct Kept {
+    head: Request<()>,
+    body: Option<Bytes>,
+}
+
+impl Kept {
+    fn of(req: &Request<ProxyBody>, body: Option<Bytes>) -> Kept {
+        Kept {
+            head: with_head_of(req, ()),
+            body,
+        }
+    }
+
+    /// One more copy of the request to send.
+    fn copy(&self) -> Request<ProxyBody> {
+        let body = match &self.body {
+            Some(bytes) => crate::body::full(bytes.clone()),
+            None => crate::body::empty(),
+        };
+        with_head_of(&self.head, body)
+    }
+}
+
+/// A request with `req`'s method, URI and headers, and `body`.
+fn with_head_of<A, B>(req: &Request<A>, body: B) -> Request<B> {
     let mut copy = Request::new(body);
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
@@ -588,7 +645,7 @@ mod tests {
         let (req, copy) = with_body_copy(post(crate::body::full("k8s\0event")))
             .await
             .unwrap();
-        let copy = copy.expect("a copy");
+        let copy = copy.expect("a copy").copy();
         assert_eq!(copy.method(), req.method());
         assert_eq!(copy.uri(), req.uri());
         assert_eq!(copy.headers(), req.headers());

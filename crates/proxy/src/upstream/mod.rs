@@ -386,7 +386,9 @@ impl Upstream {
                 .await;
             if !matches!(
                 sent,
-                Err(ProxyError::Unreachable { .. } | ProxyError::ConnectionLost { .. })
+                Err(ProxyError::Unreachable { .. }
+                    | ProxyError::ConnectionLost { .. }
+                    | ProxyError::NotProcessed { .. })
             ) {
                 break;
             }
