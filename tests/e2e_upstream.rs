@@ -412,16 +412,15 @@ async fn streams_that_crossed_a_goaway_are_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
     let cluster = Cluster::start().await;
-    let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
-    cluster.fake.go_away_after_streams(1);
-    let names = event_names("goaway", 8);
-    let answers = post_events(&hub, &names).await;
-    for (name, resp) in names.iter().zip(&answers) {
+    let burst = events_crossing_goaways(&cluster, 1, "goaway").await;
+    for (name, resp) in burst.names.iter().zip(&burst.answers) {
         let stored = created_event(&cluster, resp, name);
         assert_eq!(stored["message"], format!("{name} crossed a GOAWAY"));
     }
     assert!(
-        hub.log_text()
+        burst
+            .hub
+            .log_text()
             .contains("(it went away before the stream); sending it again"),
         "the burst crossed the GOAWAY (else this test shows nothing)"
     );
@@ -433,15 +432,12 @@ async fn writes_that_crossed_a_goaway_are_sent_again_with_their_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_that_crossed_two_goaways_are_sent_a_third_time() {
     let cluster = Cluster::start().await;
-    let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
-    cluster.fake.go_away_after_streams_on(2, 1);
-    let names = event_names("goaway-twice", 8);
-    let answers = post_events(&hub, &names).await;
-    for (name, resp) in names.iter().zip(&answers) {
+    let burst = events_crossing_goaways(&cluster, 2, "goaway-twice").await;
+    for (name, resp) in burst.names.iter().zip(&burst.answers) {
         created_event(&cluster, resp, name);
     }
     assert!(
-        hub.log_text().contains("sends=2"),
+        burst.hub.log_text().contains("sends=2"),
         "a write crossed the second GOAWAY (else this test shows nothing)"
     );
 }
@@ -452,12 +448,9 @@ async fn writes_that_crossed_two_goaways_are_sent_a_third_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_never_processed_is_answered_with_a_retry_after() {
     let cluster = Cluster::start().await;
-    let (_relay, hub) = hub_over_a_slow_link(&cluster).await;
-    cluster.fake.go_away_after_streams_on(3, 1);
-    let names = event_names("goaway-thrice", 8);
-    let answers = post_events(&hub, &names).await;
+    let burst = events_crossing_goaways(&cluster, 3, "goaway-thrice").await;
     let mut refused = Vec::new();
-    for (name, resp) in names.iter().zip(&answers) {
+    for (name, resp) in burst.names.iter().zip(&burst.answers) {
         if resp.status == 201 {
             created_event(&cluster, resp, name);
             continue;
@@ -485,13 +478,31 @@ async fn a_write_never_processed_is_answered_with_a_retry_after() {
         "a write crossed all three GOAWAYs (else this test shows nothing)"
     );
     // What client-go does after the Retry-After: each goes once more, and is created once.
-    for (name, resp) in refused.iter().zip(post_events(&hub, &refused).await) {
+    for (name, resp) in refused.iter().zip(post_events(&burst.hub, &refused).await) {
         created_event(&cluster, &resp, name);
     }
 }
 
-fn event_names(tag: &str, count: usize) -> Vec<String> {
-    (0..count).map(|i| format!("{NODE}.{tag}-{i}")).collect()
+/// A burst of 8 event POSTs from kubelet through a hub on a slow link, while each of the
+/// apiserver's next `goaways` connections goes away after its first stream.
+async fn events_crossing_goaways(cluster: &Cluster, goaways: u32, tag: &str) -> Burst {
+    let (relay, hub) = hub_over_a_slow_link(cluster).await;
+    cluster.fake.go_away_after_streams_on(goaways, 1);
+    let names: Vec<String> = (0..8).map(|i| format!("{NODE}.{tag}-{i}")).collect();
+    let answers = post_events(&hub, &names).await;
+    Burst {
+        hub,
+        names,
+        answers,
+        _relay: relay,
+    }
+}
+
+struct Burst {
+    hub: HubProcess,
+    names: Vec<String>,
+    answers: Vec<support::RawResponse>,
+    _relay: Relay,
 }
 
 /// kubelet's event POSTs, all at once.
