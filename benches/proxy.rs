@@ -898,6 +898,10 @@ fn cpu_per_request(legs: &[ProcLeg], shape: &ProcessShape) {
         ("cloud-2-workers", "outpost-cloud"),
         ("cloud-1-worker", "cloud-2-workers"),
         ("cloud-http1", "outpost-cloud"),
+        // The hub over nginx's and haproxy's usual upstream protocol: the stack's share of the
+        // gap, apart from HTTP/2's.
+        ("cloud-http1", "nginx"),
+        ("cloud-http1", "haproxy"),
     ] {
         if let (Some(x), Some(y)) = (find(a), find(b)) {
             println!("  {a} ÷ {b} CPU/GET: {:.3}", ratio(x, y));
@@ -1009,7 +1013,11 @@ fn process_latencies(
         "base-cloud",
     ] {
         let Some(b) = row(base) else { continue };
-        let hub = |n: &str| n.starts_with("outpost") || n.starts_with("base-");
+        let hub = |n: &str| {
+            ["outpost", "base-", "cloud-"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        };
         for (name, r) in table.iter().filter(|(n, _)| hub(n) && *n != base) {
             println!(
                 "  {name} ÷ {base}: GET p50 {:.3} p99 {:.3}   LIST p50 {:.3} p99 {:.3}",
