@@ -24,7 +24,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::own::{Backoff, OwnGets, SyncState, WATCH_TIMEOUT_SECONDS, retry_after};
+use super::own::{OwnGets, Rounds, SyncState, WATCH_TIMEOUT_SECONDS, retry_after};
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::Upstream;
 
@@ -103,41 +103,25 @@ impl ConfigWatch {
         self.tx.subscribe()
     }
 
-    /// Runs until `shutdown`: the cached copy first, then get + watch, again after any failure.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `shutdown`: the cached copy first, then get + watch, again after any failure
+    /// ([`Rounds`]).
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
         if let Some(cached) = self.load_cached().await {
             self.publish(cached, "edge cache");
         }
-        let mut backoff = Backoff::default();
+        let mut rounds = Rounds::new(self.upstream.states().subscribe(), shutdown);
         loop {
-            // What a refusal's `Retry-After` asked for.
             let mut refused = None;
-            let round = tokio::select! {
-                r = self.sync(&mut refused) => r,
-                _ = shutdown.changed() => return,
+            let Some(synced) = rounds.run(self.sync(&mut refused)).await else {
+                return;
             };
-            let wait = match round {
-                Ok(()) => {
-                    backoff.reset();
-                    Duration::from_secs(1)
-                }
-                Err(e) => {
-                    debug!(error = %e, "{} sync failed; retrying", self.name);
-                    self.state.send_if_modified(|state| match state {
-                        SyncState::Synced { .. } => false,
-                        _ => {
-                            *state = SyncState::Failing {
-                                cause: e.to_string(),
-                            };
-                            true
-                        }
-                    });
-                    backoff.failed(refused)
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.changed() => return,
+            let ended = synced.map_err(|e| {
+                debug!(error = %e, "{} sync failed; retrying", self.name);
+                SyncState::note_failure(&self.state, || e.to_string());
+                refused
+            });
+            if !rounds.wait_after(ended).await {
+                return;
             }
         }
     }

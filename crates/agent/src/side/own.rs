@@ -12,6 +12,7 @@ use outpost_core::wire::LineFramer;
 use outpost_proxy::error::{BoxError, ProxyError};
 use outpost_proxy::upstream::{Identity, Server, Upstream, UpstreamBody};
 use outpost_proxy::{body, encoding};
+use tokio::sync::watch;
 
 /// How long one of the hub's own watches lasts before it is opened again.
 pub const WATCH_TIMEOUT_SECONDS: u64 = 300;
@@ -53,6 +54,61 @@ impl Backoff {
             Some(asked) => asked + jitter(FIRST_BACKOFF),
             None => wait,
         }
+    }
+}
+
+/// The pace of one of the hub's own reads, round after round until the hub stops: the next
+/// round about a second after one that ended well; after a failure, once its [`Backoff`] is
+/// waited out (a refusal's `Retry-After` included), or sooner when the cloud returns after an
+/// outage, at a random point of [`RETURN_SPREAD`] (a fleet of hubs that saw the same outage
+/// end does not read all at once).
+pub struct Rounds {
+    /// Whether the hub is online (its servers' health).
+    online: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+    backoff: Backoff,
+}
+
+impl Rounds {
+    pub fn new(online: watch::Receiver<bool>, shutdown: watch::Receiver<bool>) -> Rounds {
+        Rounds {
+            online,
+            shutdown,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// `round`, unless the hub stops first (`None`).
+    pub async fn run<T>(&mut self, round: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            ended = round => Some(ended),
+            _ = self.shutdown.changed() => None,
+        }
+    }
+
+    /// Waits for the next round after one that `ended` (a failure with what its refusal's
+    /// `Retry-After` asked for, if any); false when the hub stops meanwhile.
+    pub async fn wait_after(&mut self, ended: Result<(), Option<Duration>>) -> bool {
+        let wait = match ended {
+            Ok(()) => {
+                self.backoff.reset();
+                jitter(Duration::from_secs(1))
+            }
+            Err(refused) => self.backoff.failed(refused),
+        };
+        let offline = !*self.online.borrow_and_update();
+        let returned = tokio::select! {
+            _ = tokio::time::sleep(wait) => false,
+            _ = self.online.wait_for(|up| *up), if offline => true,
+            _ = self.shutdown.changed() => return false,
+        };
+        if returned {
+            tokio::select! {
+                _ = tokio::time::sleep(jitter(RETURN_SPREAD)) => {}
+                _ = self.shutdown.changed() => return false,
+            }
+        }
+        true
     }
 }
 
@@ -174,6 +230,20 @@ pub enum SyncState {
     Failing { cause: String },
 }
 
+impl SyncState {
+    /// A read failed: what was never read is now failing, with `cause`; what was read stays
+    /// read.
+    pub fn note_failure(state: &watch::Sender<SyncState>, cause: impl FnOnce() -> String) {
+        state.send_if_modified(|state| match state {
+            SyncState::Synced { .. } => false,
+            _ => {
+                *state = SyncState::Failing { cause: cause() };
+                true
+            }
+        });
+    }
+}
+
 /// The hub's own GETs (get, list, watch) to the cloud, as the node: who asks, and how a failure
 /// is worded. Shared by the reflectors and the `yurt-hub-cfg` watch.
 #[derive(Debug, Clone, Copy)]
@@ -262,6 +332,44 @@ impl OwnGets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After failures while the cloud was away, the next round starts when it returns, within
+    /// the return spread, not when the grown backoff would have ended.
+    #[tokio::test(start_paused = true)]
+    async fn after_an_outage_the_next_round_comes_with_the_cloud() {
+        let (online_tx, online) = watch::channel(false);
+        let (_stop, shutdown) = watch::channel(false);
+        let mut rounds = Rounds::new(online, shutdown);
+        for _ in 0..8 {
+            rounds.backoff.failed(None);
+        }
+        let started = tokio::time::Instant::now();
+        let next = tokio::spawn(async move { rounds.wait_after(Err(None)).await });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        online_tx.send(true).unwrap();
+        assert!(next.await.unwrap(), "a next round");
+        let waited = started.elapsed();
+        assert!(
+            waited <= Duration::from_secs(2) + RETURN_SPREAD && MAX_BACKOFF / 2 > waited,
+            "{waited:?}: the backoff alone waits {:?} or more",
+            MAX_BACKOFF / 2
+        );
+    }
+
+    /// Online, a failure's wait is its backoff or its refusal's `Retry-After`; a stop ends the
+    /// rounds at once.
+    #[tokio::test(start_paused = true)]
+    async fn online_a_refusal_is_waited_out_and_a_stop_ends_the_rounds() {
+        let (_online_tx, online) = watch::channel(true);
+        let (stop, shutdown) = watch::channel(false);
+        let mut rounds = Rounds::new(online, shutdown);
+        let started = tokio::time::Instant::now();
+        assert!(rounds.wait_after(Err(Some(Duration::from_secs(7)))).await);
+        assert!(started.elapsed() >= Duration::from_secs(7));
+        let next = tokio::spawn(async move { rounds.wait_after(Err(None)).await });
+        stop.send(true).unwrap();
+        assert!(!next.await.unwrap(), "no next round after a stop");
+    }
 
     #[test]
     fn backoff_doubles_with_jitter_up_to_the_cap_and_retry_after_wins() {

@@ -5,8 +5,8 @@
 //! [`Reflector::run`] lists, then watches from the list's resourceVersion, re-watches when a
 //! stream ends and relists after an `ERROR` event (410 Gone), a failure, or its server turning
 //! unhealthy (a dead link may hold a stream for minutes), with jittered exponential backoff
-//! ([`Backoff`]: a 429's `Retry-After` is waited out) and, when the cloud returns after an outage,
-//! at a random point of [`RETURN_SPREAD`], so that a fleet of hubs does not relist at once. Every
+//! ([`Backoff`](super::own::Backoff): a 429's `Retry-After` is waited out) and, when the cloud returns after an outage,
+//! at a random point of [`RETURN_SPREAD`](super::own::RETURN_SPREAD), so that a fleet of hubs does not relist at once. Every
 //! change is handed to a [`Handler`]. In edge mode the objects are also kept in the cache as one
 //! document, and a hub that starts offline begins from that copy, so filters behave the same
 //! after a reboot without the cloud. The requests carry the hub's own User-Agent (`outpost/…`),
@@ -28,8 +28,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::own::{
-    Backoff, LIST_SHARED_FOR, Listed, OwnGets, RETURN_SPREAD, SharedLists, SyncState,
-    WATCH_TIMEOUT_SECONDS, jitter, retry_after,
+    LIST_SHARED_FOR, Listed, OwnGets, Rounds, SharedLists, SyncState, WATCH_TIMEOUT_SECONDS,
+    retry_after,
 };
 use crate::supervisor::Supervisor;
 use outpost_proxy::error::{BoxError, ProxyError};
@@ -266,42 +266,23 @@ impl<H: Handler> Reflector<H> {
     }
 
     /// Runs until `shutdown`: the cached copy first, then list + watch, again after a failure.
-    /// A retry waits out its backoff, or less when the cloud comes back.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// A retry waits out its backoff, or less when the cloud comes back ([`Rounds`]).
+    pub async fn run(mut self, shutdown: watch::Receiver<bool>) {
         self.load_cached().await;
-        let mut online = self.upstream.states().subscribe();
-        let mut backoff = Backoff::default();
+        let mut rounds = Rounds::new(self.upstream.states().subscribe(), shutdown);
         loop {
-            let round = tokio::select! {
-                r = self.sync() => r,
-                _ = shutdown.changed() => return,
+            let Some(synced) = rounds.run(self.sync()).await else {
+                return;
             };
             self.listing_since = std::time::Instant::now();
-            let wait = match round {
-                Ok(()) => {
-                    backoff.reset();
-                    jitter(Duration::from_secs(1))
-                }
-                Err(e) => {
-                    debug!(resource = %self.name, error = %e, "side-data sync failed; retrying");
-                    self.handler.interrupted();
-                    self.note_failure(&e);
-                    backoff.failed(self.retry_after.take())
-                }
-            };
-            let offline = !*online.borrow_and_update();
-            let returned = tokio::select! {
-                _ = tokio::time::sleep(wait) => false,
-                _ = online.wait_for(|up| *up), if offline => true,
-                _ = shutdown.changed() => return,
-            };
-            if returned {
-                // Every hub sees the cloud return at about the same moment: list at a random
-                // point of the spread rather than all at once.
-                tokio::select! {
-                    _ = tokio::time::sleep(jitter(RETURN_SPREAD)) => {}
-                    _ = shutdown.changed() => return,
-                }
+            let ended = synced.map_err(|e| {
+                debug!(resource = %self.name, error = %e, "side-data sync failed; retrying");
+                self.handler.interrupted();
+                self.note_failure(&e);
+                self.retry_after.take()
+            });
+            if !rounds.wait_after(ended).await {
+                return;
             }
         }
     }
@@ -454,15 +435,7 @@ impl<H: Handler> Reflector<H> {
     }
 
     fn note_failure(&self, e: &ProxyError) {
-        self.state.send_if_modified(|state| match state {
-            SyncState::Synced { .. } => false,
-            _ => {
-                *state = SyncState::Failing {
-                    cause: format!("{}: {e}", self.name),
-                };
-                true
-            }
-        });
+        SyncState::note_failure(&self.state, || format!("{}: {e}", self.name));
     }
 
     fn document(&self) -> String {
