@@ -309,7 +309,7 @@ impl Writer {
         let held = self.shared.confirmed.holds(key, body.pieces(), seq);
         if held {
             let unchanged = outcome_label(&WriteOutcome::Unchanged);
-            record(&self.metrics, "object", Ok(unchanged));
+            record(&self.metrics, "object", &Ok(unchanged));
         }
         held
     }
@@ -584,11 +584,13 @@ fn run(
             &shared.confirmed,
             &mut relisted,
         );
+        // Counted before the scope is marked: whoever sees a scope's missed mark also sees
+        // the write that missed.
+        for outcome in &outcomes {
+            record(metrics, label, outcome);
+        }
         if let Some(scope) = &scope {
             after_scope_op(shared, metrics, label, scope, ticket, &outcomes);
-        }
-        for outcome in outcomes {
-            record(metrics, label, outcome);
         }
         shared.applied.send_replace(ticket);
         report_health(store, metrics, volatile);
@@ -661,9 +663,9 @@ fn after_scope_op(
     }
 }
 
-fn record(metrics: &Metrics, label: &'static str, applied: Applied) {
+fn record(metrics: &Metrics, label: &'static str, applied: &Applied) {
     let outcome = match applied {
-        Ok(outcome) => outcome,
+        Ok(outcome) => *outcome,
         Err(ApplyError::Invalid(reason)) => {
             debug!(op = label, reason, "response not cached");
             "invalid"
