@@ -204,17 +204,25 @@ impl ProxyError {
         }
     }
 
-    /// Whether the failure is on the upstream side (as opposed to the client's request).
-    pub fn is_upstream(&self) -> bool {
+    /// Whether no connection carried the request to an answer (connecting failed, the
+    /// connection was lost under it, or the server did not process it): a read may go again
+    /// on a fresh connection, to the same server.
+    pub fn is_connection_failure(&self) -> bool {
         matches!(
             self,
             ProxyError::Unreachable { .. }
                 | ProxyError::ConnectionLost { .. }
                 | ProxyError::NotProcessed { .. }
-                | ProxyError::Timeout { .. }
-                | ProxyError::BadReply { .. }
-                | ProxyError::NoUpstream
         )
+    }
+
+    /// Whether the failure is on the upstream side (as opposed to the client's request).
+    pub fn is_upstream(&self) -> bool {
+        self.is_connection_failure()
+            || matches!(
+                self,
+                ProxyError::Timeout { .. } | ProxyError::BadReply { .. } | ProxyError::NoUpstream
+            )
     }
 }
 

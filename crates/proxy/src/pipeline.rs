@@ -476,9 +476,7 @@ impl Pipeline {
             avoid = match e {
                 // The connect failure marked the server down, so it is not picked again; a lost
                 // connection is retried on a fresh one, to the same server if picked.
-                ProxyError::Unreachable { .. }
-                | ProxyError::ConnectionLost { .. }
-                | ProxyError::NotProcessed { .. } => None,
+                e if e.is_connection_failure() => None,
                 // A server that was too slow or garbled its answer is not asked twice: the
                 // retry goes to another healthy one, if any.
                 ProxyError::Timeout { .. } | ProxyError::BadReply { .. } => Some(server),

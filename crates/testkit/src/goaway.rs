@@ -28,7 +28,7 @@ pub(crate) struct GoAway {
     armed: Mutex<Option<Armed>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Armed {
     streams: u32,
     left: u32,
@@ -39,7 +39,7 @@ impl GoAway {
     /// Each of the next `connections` connections goes away at the `streams`-th new stream
     /// the client opens after the last one went away (on the first, after this call); the
     /// streams it opens after that are ignored.
-    pub fn after_streams(&self, streams: u32, connections: u32) {
+    pub fn after_streams_on(&self, connections: u32, streams: u32) {
         let streams = streams.max(1);
         *crate::state::lock(&self.armed) = (connections > 0).then_some(Armed {
             streams,

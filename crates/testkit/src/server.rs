@@ -472,14 +472,14 @@ impl FakeApiServer {
     /// last of them, and the streams the client opened before it heard ignored, never
     /// answered. Takes a link with latency (the testkit's relay) for streams to cross it.
     pub fn go_away_after_streams(&self, streams: u32) {
-        self.shared.go_away.after_streams(streams, 1);
+        self.shared.go_away.after_streams_on(1, streams);
     }
 
     /// [`Self::go_away_after_streams`] on each of the next `connections` connections in turn,
     /// as a server under a high `--goaway-chance` may: the streams that crossed one GOAWAY and
     /// went again on a new connection can cross the next.
     pub fn go_away_after_streams_on(&self, connections: u32, streams: u32) {
-        self.shared.go_away.after_streams(streams, connections);
+        self.shared.go_away.after_streams_on(connections, streams);
     }
 
     /// Closes the connection of the next `times` requests whose path starts with `prefix` once

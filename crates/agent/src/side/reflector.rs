@@ -5,9 +5,10 @@
 //! [`Reflector::run`] lists, then watches from the list's resourceVersion, re-watches when a
 //! stream ends and relists after an `ERROR` event (410 Gone), a failure, or its server turning
 //! unhealthy (a dead link may hold a stream for minutes), with jittered exponential backoff
-//! ([`Backoff`](super::own::Backoff): a 429's `Retry-After` is waited out) and, when the cloud returns after an outage,
-//! at a random point of [`RETURN_SPREAD`](super::own::RETURN_SPREAD), so that a fleet of hubs does not relist at once. Every
-//! change is handed to a [`Handler`]. In edge mode the objects are also kept in the cache as one
+//! ([`Backoff`](super::own::Backoff): a 429's `Retry-After` is waited out) and, when the cloud
+//! returns after an outage, at a random point of [`RETURN_SPREAD`](super::own::RETURN_SPREAD),
+//! so that a fleet of hubs does not relist at once ([`Rounds`]). Every change is handed to a
+//! [`Handler`]. In edge mode the objects are also kept in the cache as one
 //! document, and a hub that starts offline begins from that copy, so filters behave the same
 //! after a reboot without the cloud. The requests carry the hub's own User-Agent (`outpost/…`),
 //! which is never filtered.

@@ -384,12 +384,7 @@ impl Upstream {
             sent = self
                 .send(server, Identity::Node, own_request(&call)?, call.timeout)
                 .await;
-            if !matches!(
-                sent,
-                Err(ProxyError::Unreachable { .. }
-                    | ProxyError::ConnectionLost { .. }
-                    | ProxyError::NotProcessed { .. })
-            ) {
+            if !sent.as_ref().is_err_and(ProxyError::is_connection_failure) {
                 break;
             }
         }
